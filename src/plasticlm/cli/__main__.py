@@ -1,0 +1,5 @@
+import sys
+
+from plasticlm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,18 @@
+"""The model layer: load any HF causal LM, build tiny ones, import llama2.c, pre-train."""
+
+from plasticlm.models.llama2c import from_llama2c, import_llama2c
+from plasticlm.models.loading import SUPPORTED_MODEL_TYPES, describe, load_causal_lm
+from plasticlm.models.pretrain import (
+    evaluate_loss,
+    pack_corpus,
+    train_bpe_tokenizer,
+    train_lm,
+    unigram_loss,
+)
+from plasticlm.models.tiny import ARCHS, build_tiny, tiny_config
+
+__all__ = [
+    "ARCHS", "SUPPORTED_MODEL_TYPES", "build_tiny", "describe", "evaluate_loss",
+    "from_llama2c", "import_llama2c", "load_causal_lm", "pack_corpus", "tiny_config",
+    "train_bpe_tokenizer", "train_lm", "unigram_loss",
+]

@@ -1,0 +1,82 @@
+"""Load any Hugging Face causal LM, from a local folder or a hub id."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from plasticlm.errors import PlasticError
+
+# The families every method is tested on; others load but are not promised to work.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise PlasticError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
+    """Load ``(model, tokenizer)`` for a causal LM from a local folder or a hub id.
+
+    A local folder is used as is. A hub id is looked up in the local Hugging Face cache
+    first; when it is not there and the machine is offline (``HF_HUB_OFFLINE=1`` or no
+    network), the error names the model and says how to provide it as a local path.
+    The model is returned in eval mode on ``device`` (CPU by default).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _parse_dtype(dtype)
+    path = Path(name_or_path).expanduser()
+    is_local = path.exists()
+    if is_local and not (path / "config.json").exists():
+        raise PlasticError(
+            f"{path} exists but holds no config.json: it is not a Hugging Face model folder "
+            "(save one with model.save_pretrained(dir), or import llama2.c weights with "
+            "`plasticlm models import-llama2c`)"
+        )
+    source = str(path) if is_local else str(name_or_path)
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=is_local or offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, local_files_only=is_local or offline
+        )
+    except (OSError, ValueError) as e:
+        if is_local:
+            raise PlasticError(f"could not load the model folder {path}: {e}") from None
+        raise PlasticError(
+            f"model {name_or_path!r} is not a local folder and could not be fetched from the "
+            "Hugging Face hub (offline, or no such model). Download it on a connected machine "
+            "(e.g. `huggingface-cli download "
+            f"{name_or_path} --local-dir DIR`) and pass DIR as a local path instead."
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def describe(model) -> dict:
+    """A small summary of a causal LM: type, depth, width, heads, parameters."""
+    cfg = model.config
+    return {
+        "model_type": cfg.model_type,
+        "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size,
+        "heads": cfg.num_attention_heads,
+        "kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        "vocab": cfg.vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+    }

@@ -1,0 +1,106 @@
+"""Train a byte-level BPE tokenizer and pre-train a small causal LM on plain text."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency: int = 2):
+    """A byte-level BPE fast tokenizer trained on ``texts``; ids 0-3 are pad, bos, eos, unk.
+
+    Encoding adds no special tokens; :func:`pack_corpus` places BOS itself.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def encode_documents(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Each text as ``[bos] + tokens + [eos]``."""
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return [[bos, *x, eos] for x in ids]
+
+
+def pack_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:
+    """Concatenate BOS/EOS-delimited documents and cut into blocks ``[N, seq_len + 1]``."""
+    flat = [t for doc in encode_documents(tokenizer, texts) for t in doc]
+    n = (len(flat) - 1) // seq_len
+    if n < 1:
+        raise ValueError(f"corpus of {len(flat)} tokens is shorter than one block of {seq_len}")
+    data = torch.tensor(flat[: n * seq_len + 1])
+    idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
+    return data[idx]
+
+
+def lm_loss(model, blocks: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``model`` on blocks ``[B, T+1]``."""
+    logits = model(blocks[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), blocks[:, 1:].flatten())
+
+
+@torch.no_grad()
+def evaluate_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
+    """Token-weighted mean cross-entropy (nats/token) over ``blocks``."""
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for i in range(0, len(blocks), batch_size):
+        b = blocks[i : i + batch_size]
+        total += lm_loss(model, b).item() * len(b)
+    model.train(was_training)
+    return total / len(blocks)
+
+
+def unigram_loss(train_blocks: torch.Tensor, eval_blocks: torch.Tensor, vocab_size: int) -> float:
+    """Cross-entropy of the add-one unigram distribution of ``train_blocks`` on ``eval_blocks``."""
+    counts = torch.bincount(train_blocks[:, 1:].flatten(), minlength=vocab_size).double() + 1
+    logp = (counts / counts.sum()).log()
+    return -logp[eval_blocks[:, 1:].flatten()].mean().item()
+
+
+def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 2e-3,
+             warmup: int = 50, weight_decay: float = 0.01, seed: int = 0,
+             desc: str = "pre-train", progress: bool = True) -> list[float]:
+    """AdamW with linear warm-up and cosine decay over random blocks; returns the losses."""
+    gen = torch.Generator().manual_seed(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    model.train()
+    losses = []
+    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    for _ in bar:
+        idx = torch.randint(len(blocks), (min(batch_size, len(blocks)),), generator=gen)
+        loss = lm_loss(model, blocks[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses

@@ -1,0 +1,32 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests never reach a hub: a missing model must fail fast, not try the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(2)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shared_data() -> Path:
+    env = os.environ.get("PLASTICLM_DATA")
+    return Path(env) if env else ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real data folder (../shared/data); tests using it skip when it is absent."""
+    path = _shared_data()
+    if not path.is_dir():
+        pytest.skip(f"real data folder {path} is absent (set PLASTICLM_DATA to point to it)")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    """Keep every test's cache home out of the user's ~/.cache."""
+    monkeypatch.setenv("PLASTICLM_HOME", str(tmp_path_factory.getbasetemp() / "plasticlm_home"))

@@ -1,0 +1,94 @@
+"""Run folders, configuration, seeding and the CLI surface."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from plasticlm.cli import COMMANDS, build_parser, main
+from plasticlm.config import load_config, parse_value
+from plasticlm.errors import PlasticError
+from plasticlm.runs import RunDir, cache_home, seed_everything
+
+
+@dataclasses.dataclass
+class Train:
+    lr: float = 1e-3
+    steps: int = 10
+
+
+@dataclasses.dataclass
+class Cfg:
+    name: str = "x"
+    layers: tuple = (1, 2)
+    train: Train = dataclasses.field(default_factory=Train)
+
+
+def test_config_file_then_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('name = "run"\n[train]\nlr = 1\n')
+    cfg = load_config(Cfg, path, ["train.steps=5", "layers=[3, 4]"])
+    assert cfg == Cfg(name="run", layers=(3, 4), train=Train(lr=1.0, steps=5))
+    ycfg = tmp_path / "c.yaml"
+    ycfg.write_text("train:\n  steps: 7\n")
+    assert load_config(Cfg, ycfg).train.steps == 7
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(PlasticError, match="train.lrr"):
+        load_config(Cfg, None, ["train.lrr=1"])
+    with pytest.raises(PlasticError, match="key=value"):
+        load_config(Cfg, None, ["oops"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(PlasticError, match="bad.toml"):
+        load_config(Cfg, bad)
+
+
+def test_parse_value():
+    assert parse_value("3") == 3 and parse_value("true") is True
+    assert parse_value("[1, 2]") == [1, 2] and parse_value("qwen3") == "qwen3"
+
+
+def test_run_dir_writes_config_and_metrics(tmp_path):
+    run = RunDir.create("r", Cfg(), root=tmp_path)
+    run.log(step=1, loss=torch.tensor(2.5).item())
+    run.log(step=2, loss=1.5)
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["train"]["steps"] == 10
+    assert [m["step"] for m in run.metrics()] == [1, 2]
+
+
+def test_seeding_repeats():
+    seed_everything(7)
+    a = torch.randn(3)
+    seed_everything(7)
+    assert torch.equal(a, torch.randn(3))
+
+
+def test_cache_home_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLASTICLM_HOME", str(tmp_path / "h"))
+    assert cache_home() == tmp_path / "h" and (tmp_path / "h").is_dir()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_explains_itself(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    assert len(capsys.readouterr().out) > 100
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "plasticlm.cli", "--help"], capture_output=True,
+                         text=True, check=True)
+    assert "models" in out.stdout
+
+
+def test_demo_quick_runs_to_a_result(tmp_path, capsys):
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "validation loss" in out
+    assert (tmp_path / "demo" / "metrics.jsonl").exists()
