@@ -10,6 +10,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="import, build, inspect and sample causal LMs",
                        description="Import, build, inspect and sample causal LMs.")
     msub = p.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    from plasticlm.cli.pretrain_cmd import add_pretrain_parser
+
+    add_pretrain_parser(msub)
 
     q = msub.add_parser("import-llama2c", help="convert a llama2.c v0 checkpoint to an HF folder",
                         description="Convert karpathy's llama2.c v0 model.bin and tokenizer.bin "

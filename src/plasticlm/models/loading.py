@@ -32,7 +32,9 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     The model is returned in eval mode on ``device`` (CPU by default).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar per shard of a local folder is noise
     torch_dtype = _parse_dtype(dtype)
     path = Path(name_or_path).expanduser()
     is_local = path.exists()

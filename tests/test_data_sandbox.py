@@ -1,0 +1,139 @@
+"""Sandbox pre-training (quick preset, seconds), text pre-training, and the data CLI."""
+
+import argparse
+import json
+import os
+import shutil
+
+import pytest
+
+from plasticlm.cli import data as data_cli
+from plasticlm.cli import pretrain_cmd
+from plasticlm.data import load_mmlu, write_text_corpus
+from plasticlm.data.sandbox import (
+    PRESETS,
+    TextPretrainConfig,
+    ensure_sandbox_models,
+    mc_accuracy,
+    preset_dir,
+    pretrain_preset,
+    pretrain_text,
+    sandbox_model,
+)
+from plasticlm.errors import PlasticError
+
+TINY_TEXT = TextPretrainConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2,
+                               num_kv_heads=1, head_dim=16, intermediate_size=64, steps=2,
+                               batch_size=2, seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sandbox-quick")
+    return out, pretrain_preset("quick", out, progress=False)
+
+
+def test_quick_preset_writes_loadable_family(quick):
+    from plasticlm.models import load_causal_lm
+
+    out, report = quick
+    archs, vocabs = set(), set()
+    for spec in PRESETS["quick"].models:
+        model, tok = load_causal_lm(out / spec.name)
+        archs.add(model.config.model_type)
+        vocabs.add(len(tok))
+        assert model.config.vocab_size == len(tok)
+        entry = report["models"][spec.name]
+        assert entry["mc_core_heldout"]["all"]["n"] > 0
+        assert {"valid_loss", "unigram_loss", "train_seconds"} <= set(entry)
+    assert archs == {"qwen3", "llama"} and len(vocabs) == 2
+    assert "single/160" in report["models"]["receiver"]["niah"]
+    assert json.loads((out / "report.json").read_text())["preset"] == "quick"
+    assert (out / "world" / "world.json").exists()
+
+
+def test_mc_accuracy_matches_unbatched_reference(quick):
+    """Batched scoring picks the same choices as a plain one-sequence-at-a-time log-prob."""
+    import torch
+
+    from plasticlm.data.world import mc_prompt
+    from plasticlm.models import load_causal_lm
+
+    out, _ = quick
+    model, tok = load_causal_lm(out / "receiver")
+    qs = load_mmlu(out / "world" / "mmlu", "test")[:8]
+    reference = []
+    for q in qs:
+        prompt = [tok.bos_token_id, *tok(mc_prompt(q.question), add_special_tokens=False)
+                  ["input_ids"]]
+        scores = []
+        for c in q.choices:
+            cont = tok(" " + c, add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([prompt + cont])
+            with torch.no_grad():
+                logp = model(ids).logits[0, :-1].log_softmax(-1)
+            scores.append(sum(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(cont)))
+        reference.append(max(range(4), key=scores.__getitem__) == q.answer_index)
+    assert mc_accuracy(model, tok, qs) == reference
+
+
+def test_ensure_reuses_trained_models(quick, monkeypatch):
+    out, _ = quick
+    root = preset_dir("quick")
+    shutil.copytree(out, root, dirs_exist_ok=True)
+    stamp = os.path.getmtime(root / "receiver" / "config.json")
+    paths = ensure_sandbox_models("quick", progress=False)
+    assert paths["receiver"] == root / "receiver"
+    assert os.path.getmtime(root / "receiver" / "config.json") == stamp
+    assert sandbox_model("specialist", "quick") == root / "specialist"
+    with pytest.raises(PlasticError, match="no sandbox model 'nope'"):
+        sandbox_model("nope", "quick")
+    with pytest.raises(PlasticError, match="unknown pretrain preset"):
+        ensure_sandbox_models("huge")
+
+
+def test_pretrain_text(tmp_path):
+    from plasticlm.models import load_causal_lm
+
+    text = write_text_corpus(tmp_path / "t.txt", [f"Story {i}: the cat sat on mat {i % 7}."
+                                                  for i in range(60)])
+    report = pretrain_text(text, tmp_path / "m", TINY_TEXT, progress=False)
+    model, tok = load_causal_lm(tmp_path / "m")
+    assert model.config.model_type == "qwen3" and len(tok) == model.config.vocab_size
+    assert report["valid_loss"] > 0 and report["unigram_loss"] > 0
+    (tmp_path / "one.txt").write_text("only one story")
+    with pytest.raises(PlasticError, match="at least 2 documents"):
+        pretrain_text(tmp_path / "one.txt", tmp_path / "m2", TINY_TEXT, progress=False)
+
+
+def _cli(argv) -> int:
+    parser = argparse.ArgumentParser(prog="plasticlm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    data_cli.register(sub)
+    models = sub.add_parser("models").add_subparsers(dest="models_command", required=True)
+    pretrain_cmd.add_pretrain_parser(models)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_data_cli(tmp_path, capsys):
+    out = tmp_path / "w"
+    assert _cli(["data", "world", "--seed", "2", "--out", str(out), "--set",
+                 "core_per_domain=8", "--set", "drills=2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["entities"]["core"] == 40 and summary["mmlu"]["test"]["subjects"] == 5
+    assert _cli(["data", "niah", "--task", "multivalue", "--length", "300", "--n", "3",
+                 "--haystack", str(out), "--out", str(tmp_path / "n.jsonl")]) == 0
+    capsys.readouterr()
+    assert _cli(["data", "inspect", str(tmp_path / "n.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks"] == {"multivalue": 3}
+    (tmp_path / "x.bin").write_bytes(b"\0")
+    with pytest.raises(PlasticError, match="unknown data format"):
+        _cli(["data", "inspect", str(tmp_path / "x.bin")])
+
+
+def test_pretrain_cli_errors(tmp_path):
+    with pytest.raises(PlasticError, match="exactly one of"):
+        _cli(["models", "pretrain"])
+    with pytest.raises(PlasticError, match="needs --out"):
+        _cli(["models", "pretrain", "--text", "x.txt"])
