@@ -1,0 +1,166 @@
+"""Attach the memory to an HF decoder, pick out theta, save and load theta like a PEFT adapter.
+
+theta (the meta-parameters FedNL federates) = per memory layer: LoRA A/B for q, k, v, the
+beta projection, the gate logits, and the short convolution when ``conv_size > 0``.
+Everything else is frozen by :func:`attach_memory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from plasticlm.errors import PlasticError
+from plasticlm.memory.layer import MemoryAttention, MemoryConfig
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+CONFIG_FILE = "memory_config.json"
+THETA_FILE = "memory_theta.safetensors"
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED:
+        raise PlasticError(
+            f"memory attaches to {', '.join(SUPPORTED)} decoders; this model is {model_type!r}")
+    return model.get_decoder().layers
+
+
+def memory_config(model: nn.Module) -> MemoryConfig | None:
+    """The :class:`MemoryConfig` attached to ``model``, or None."""
+    return getattr(model, "memory_config", None)
+
+
+def attach_memory(
+    model: nn.Module,
+    layers: list[int] | str | None = "all",
+    window: int = 256,
+    rank: int = 8,
+    config: MemoryConfig | None = None,
+    **options,
+) -> nn.Module:
+    """Replace every layer's ``self_attn`` by a windowed :class:`MemoryAttention`, with a
+    memory branch in ``layers`` ("all", a list of indices, or None/[] for window only).
+
+    Freezes all base parameters; only theta (:func:`meta_parameters`) stays trainable.
+    Other options are :class:`MemoryConfig` fields (lora_alpha, conv_size, gate_init,
+    chunk_size). Returns the same model, changed in place.
+
+    >>> model = attach_memory(build_tiny("qwen3"), layers=[1], window=64, rank=4)  # doctest: +SKIP
+    """
+    decoder_layers = _decoder_layers(model)
+    if memory_config(model) is not None:
+        raise PlasticError("this model already has memory attached; attach to a fresh base model")
+    n = len(decoder_layers)
+    if config is None:
+        if layers == "all":
+            layers = list(range(n))
+        elif layers is None:
+            layers = []
+        fields = {f.name for f in dataclasses.fields(MemoryConfig)}
+        unknown = set(options) - fields
+        if unknown:
+            raise PlasticError(f"unknown memory option(s) {sorted(unknown)}; known: {sorted(fields)}")
+        config = MemoryConfig(layers=sorted(int(i) for i in layers), window=window, rank=rank, **options)
+    if config.model_type and config.model_type != model.config.model_type:
+        raise PlasticError(f"memory was built for {config.model_type!r}; this model is {model.config.model_type!r}")
+    config = dataclasses.replace(config, layers=sorted(set(config.layers)), model_type=model.config.model_type)
+    bad = [i for i in config.layers if not 0 <= i < n]
+    if bad:
+        raise PlasticError(f"memory layers {bad} do not exist; the model has layers 0..{n - 1}")
+    if config.window < 1 or config.rank < 1:
+        raise PlasticError(f"window and rank must be >= 1; got window={config.window}, rank={config.rank}")
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    param = next(model.parameters())
+    for i, layer in enumerate(decoder_layers):
+        wrapped = MemoryAttention(layer.self_attn, config, with_memory=i in config.layers)
+        for p in _theta_of(wrapped).values():
+            p.data = p.data.to(device=param.device)  # theta stays float32 whatever the base dtype
+            p.requires_grad_(True)
+        layer.self_attn = wrapped
+    model.memory_config = config
+    return model
+
+
+def detach_memory(model: nn.Module) -> nn.Module:
+    """Put the original attention modules back (theta is dropped)."""
+    if memory_config(model) is None:
+        raise PlasticError("this model has no memory attached")
+    for layer in model.get_decoder().layers:
+        layer.self_attn = layer.self_attn.base
+    del model.memory_config
+    return model
+
+
+def _theta_of(module: MemoryAttention) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in module.named_parameters() if not n.startswith("base.")}
+
+
+def meta_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """theta by name (``layers.<i>.<lora_q.A|...|gate_logit>``): exactly the memory's own
+    parameters, none of the base model's."""
+    if memory_config(model) is None:
+        raise PlasticError("this model has no memory attached; call attach_memory first")
+    theta = {}
+    for i, layer in enumerate(model.get_decoder().layers):
+        for name, p in _theta_of(layer.self_attn).items():
+            theta[f"layers.{i}.{name}"] = p
+    return theta
+
+
+def theta_bytes(model: nn.Module) -> int:
+    """Bytes of theta as stored (what FedNL sends per round)."""
+    return sum(p.numel() * p.element_size() for p in meta_parameters(model).values())
+
+
+def save_pretrained(model: nn.Module, directory: str | Path) -> int:
+    """Write theta (safetensors) and its :class:`MemoryConfig` (JSON); returns theta's bytes."""
+    from safetensors.torch import save_file
+
+    config = memory_config(model)
+    if config is None:
+        raise PlasticError("this model has no memory attached; nothing to save")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    theta = {k: v.detach().contiguous().cpu() for k, v in meta_parameters(model).items()}
+    save_file(theta, str(directory / THETA_FILE), metadata={"format": "plasticlm-memory"})
+    (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    return sum(t.numel() * t.element_size() for t in theta.values())
+
+
+def load_theta(model: nn.Module, directory: str | Path) -> None:
+    """Copy saved theta into a model that already has the same memory attached."""
+    from safetensors.torch import load_file
+
+    path = Path(directory) / THETA_FILE
+    if not path.exists():
+        raise PlasticError(f"{path} does not exist; save theta with plasticlm.memory.save_pretrained")
+    saved = load_file(str(path))
+    theta = meta_parameters(model)
+    missing, extra = sorted(set(theta) - set(saved)), sorted(set(saved) - set(theta))
+    if missing or extra:
+        raise PlasticError(f"saved theta does not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, p in theta.items():
+            if saved[name].shape != p.shape:
+                raise PlasticError(f"theta {name}: saved shape {tuple(saved[name].shape)} != {tuple(p.shape)}")
+            p.copy_(saved[name])
+
+
+def from_pretrained(model: nn.Module, directory: str | Path) -> nn.Module:
+    """Attach memory to base ``model`` with the saved config, then load the saved theta."""
+    from plasticlm.config import from_dict
+
+    path = Path(directory) / CONFIG_FILE
+    if not path.exists():
+        raise PlasticError(f"{path} does not exist; is {directory} a saved memory adapter?")
+    config = from_dict(MemoryConfig, json.loads(path.read_text()))
+    attach_memory(model, config=config)
+    load_theta(model, directory)
+    return model
