@@ -90,5 +90,6 @@ def test_console_script_runs():
 def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert "validation loss" in out
-    assert (tmp_path / "demo" / "metrics.jsonl").exists()
+    assert "held-out MC" in out and "| fednl |" in out and "| fedavg |" in out
+    stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    assert stages[-3:] == ["sandbox", "memory", "fednl"]

@@ -1,90 +1,120 @@
-"""``plasticlm demo``: the main job, a short real pipeline end to end."""
+"""``plasticlm demo``: the main job — the sandbox family, the memory, a federated run."""
 
 from __future__ import annotations
 
 import argparse
-import time
+import dataclasses
+import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the main job (a few minutes on 2 CPU cores)",
-                       description="Run the project's main job end to end and print results.")
-    p.add_argument("--quick", action="store_true", help="smallest sizes, for smoke tests")
+    p = sub.add_parser("demo", help="run the main job (minutes on 2 CPU cores; the first run "
+                       "also pre-trains the sandbox models)",
+                       description="The main job end to end: import a real llama2.c model "
+                       "(when ../shared/data is there), pre-train (or reuse) the sandbox model "
+                       "family, stream 4K tokens through the memory in constant space, and run "
+                       "FedNL against FedAvg on Flower with five domain clients.")
+    p.add_argument("--quick", action="store_true", help="the seconds-long quick preset (tests)")
     p.add_argument("--out", default="runs/demo", help="run folder")
     p.set_defaults(func=run_demo)
 
 
-STORY_TEMPLATES = [
-    "{a} has a {c} {t}. {a} gives the {t} to {b}.",
-    "{b} likes the {c} {t} that {a} made.",
-    "One day {a} and {b} found a {c} {t} in the park.",
-]
+def _stories260k(run) -> None:
+    import torch
+
+    from plasticlm.models import import_llama2c, load_causal_lm
+    from plasticlm.runs import cache_home, shared_data_dir
+
+    print("== 1. A real pre-trained Llama (llama2.c stories260K) through the HF path ==")
+    data = shared_data_dir()
+    if not (data and (data / "models/stories260K/stories260K.bin").exists()):
+        print("skipped: ../shared/data is absent (set PLASTICLM_DATA to the real-data folder)")
+        return
+    src = data / "models/stories260K"
+    folder = import_llama2c(src / "stories260K.bin", src / "tok512.bin",
+                            cache_home() / "models" / "stories260K")
+    model, tok = load_causal_lm(folder)
+    out = model.generate(torch.tensor([[tok.bos_token_id]]), max_new_tokens=40, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    text = tok.decode(out[0], skip_special_tokens=True)
+    print(f"greedy from BOS: {text!r}")
+    run.log(stage="stories260K", greedy=text)
 
 
-def _toy_corpus(n: int, seed: int) -> list[str]:
-    import random
+def _sandbox(run, preset: str) -> None:
+    from plasticlm.data.sandbox import ensure_sandbox_models, preset_dir
 
-    rng = random.Random(seed)
-    names = ["Lily", "Tom", "Mia", "Ben", "Zoe", "Sam"]
-    colors = ["red", "blue", "green", "small", "big"]
-    things = ["ball", "kite", "cake", "boat", "hat"]
-    return [rng.choice(STORY_TEMPLATES).format(a=rng.choice(names), b=rng.choice(names),
-                                                c=rng.choice(colors), t=rng.choice(things))
-            for _ in range(n)]
+    print(f"== 2. The sandbox world and its model family (preset {preset!r}) ==")
+    ensure_sandbox_models(preset)
+    report = json.loads((preset_dir(preset) / "report.json").read_text())
+    for name, entry in report["models"].items():
+        held = entry["mc_core_heldout"]["all"]
+        print(f"{name:18s} {entry['spec']['arch']:6s} {entry['describe']['parameters']:>9,} "
+              f"params  valid loss {entry['valid_loss']:.3f} (unigram "
+              f"{entry['unigram_loss']:.3f})  held-out MC {100 * held['accuracy']:.1f}% "
+              f"(n={held['n']}, chance 25%)")
+    run.log(stage="sandbox", preset=preset, seconds=report.get("total_seconds"))
+
+
+def _memory(run, preset: str, tokens: int) -> None:
+    import torch
+
+    from plasticlm.data.sandbox import sandbox_model
+    from plasticlm.memory import MemoryStream, attach_memory
+    from plasticlm.models import load_causal_lm
+
+    print(f"== 3. O(1) streaming: {tokens} tokens through the receiver with memory ==")
+    model, tok = load_causal_lm(sandbox_model("receiver", preset=preset))
+    cfg = model.config
+    attach_memory(model, layers="all", window=64, rank=8)
+    stream = MemoryStream(model, chunk_tokens=256)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, cfg.vocab_size, (1, tokens), generator=gen)
+    sizes = []
+    for start in range(0, tokens, 1024):
+        stream.feed(ids[:, start:start + 1024], keep="last")
+        sizes.append(stream.state_bytes())
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    print(f"stream state after each 1K tokens: {[round(s / 1024) for s in sizes]} KiB; "
+          f"a full KV cache would hold {[round(kv * (i + 1) * 1024 / 1024) for i in range(len(sizes))]} KiB")
+    run.log(stage="memory", state_bytes=sizes, kv_bytes_per_token=kv)
+
+
+def _federated(run, preset: str, quick: bool) -> None:
+    from plasticlm.fednl.config import FedNLConfig
+    from plasticlm.fednl.methods import MethodConfig
+    from plasticlm.fednl.report import comparison_table
+    from plasticlm.fednl.run import run_federated
+
+    print("== 4. FedNL vs FedAvg on Flower: five domain clients, theta only on the wire ==")
+    spec = "sandbox" if preset == "sandbox" else f"sandbox-{preset}"
+    base = FedNLConfig(name="demo", model=f"{spec}:receiver", data=spec, rounds=2,
+                       max_train=16 if quick else 48, max_test=8 if quick else 24,
+                       out=str(run.path / "fednl"),
+                       method=MethodConfig(local_steps=2 if quick else 12,
+                                           batch_size=4 if quick else 8))
+    summaries = []
+    for method in ("fednl", "fedavg"):
+        cfg = dataclasses.replace(base, name=f"demo-{method}",
+                                  method=dataclasses.replace(base.method, name=method))
+        folder = run_federated(cfg)
+        summaries.append(json.loads((folder / "summary.json").read_text()))
+    print(comparison_table(summaries))
+    run.log(stage="fednl", summaries=summaries)
 
 
 def run_demo(args) -> int:
-    import torch
+    import shutil
 
-    from plasticlm.models import (
-        build_tiny,
-        evaluate_loss,
-        import_llama2c,
-        load_causal_lm,
-        pack_corpus,
-        train_bpe_tokenizer,
-        train_lm,
-        unigram_loss,
-    )
-    from plasticlm.runs import RunDir, cache_home, seed_everything, shared_data_dir
+    from plasticlm.runs import RunDir, seed_everything
 
     seed_everything(0)
+    shutil.rmtree(args.out, ignore_errors=True)
     run = RunDir.create("", {"quick": args.quick}, root=args.out)
-    data = shared_data_dir()
-
-    print("== 1. A real pre-trained Llama (llama2.c stories260K) through the HF path ==")
-    if data and (data / "models/stories260K/stories260K.bin").exists():
-        src = data / "models/stories260K"
-        folder = import_llama2c(src / "stories260K.bin", src / "tok512.bin",
-                                cache_home() / "models" / "stories260K")
-        model, tok = load_causal_lm(folder)
-        out = model.generate(torch.tensor([[tok.bos_token_id]]), max_new_tokens=40,
-                             do_sample=False, pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0], skip_special_tokens=True)
-        print(f"greedy from BOS: {text!r}")
-        run.log(stage="stories260K", greedy=text)
-    else:
-        print("skipped: ../shared/data is absent (set PLASTICLM_DATA to the real-data folder)")
-
-    print("== 2. Train a tokenizer and a tiny Qwen3 from scratch, on 2 CPU cores ==")
-    docs = _toy_corpus(400 if args.quick else 3000, seed=0)
-    tok = train_bpe_tokenizer(docs, vocab_size=256)
-    blocks = pack_corpus(tok, docs, seq_len=64)
-    n_val = max(2, len(blocks) // 10)
-    train, val = blocks[n_val:], blocks[:n_val]
-    model = build_tiny("qwen3", vocab_size=len(tok), hidden_size=64, num_layers=2, num_heads=4,
-                       num_kv_heads=2, max_position_embeddings=128)
-    before = evaluate_loss(model, val)
-    t0 = time.time()
-    train_lm(model, train, steps=40 if args.quick else 300, batch_size=16, lr=3e-3, warmup=20)
-    after = evaluate_loss(model, val)
-    uni = unigram_loss(train, val, len(tok))
-    print(f"validation loss: {before:.3f} at init -> {after:.3f} after {time.time() - t0:.0f}s "
-          f"(unigram baseline {uni:.3f} nats/token)")
-    prompt = tok("One day Lily and", add_special_tokens=False).input_ids
-    out = model.generate(torch.tensor([[tok.bos_token_id, *prompt]]), max_new_tokens=12,
-                         do_sample=False, pad_token_id=tok.pad_token_id)
-    print("sample:", tok.decode(out[0], skip_special_tokens=True))
-    run.log(stage="tiny-qwen3", val_loss_init=before, val_loss=after, unigram=uni)
+    preset = "quick" if args.quick else "sandbox"
+    _stories260k(run)
+    _sandbox(run, preset)
+    _memory(run, preset, 2048 if args.quick else 4096)
+    _federated(run, preset, args.quick)
     print(f"run folder: {run.path}")
     return 0

@@ -221,6 +221,11 @@ def make_sample(cfg: NIAHConfig, sentences: Sequence[str], seed: int = 0, tokeni
         else:
             break
         sample = build(hay)
+    # The estimate above can oscillate around the target: finish by dropping single words.
+    while sample.length > cfg.length and hay:
+        words = hay[-1].split()
+        hay = hay[:-1] + ([" ".join(words[:-1])] if len(words) > 1 else [])
+        sample = build(hay)
     if not hay or sample.length > cfg.length:
         raise PlasticError(f"could not fit a {cfg.task} sample into {cfg.length} {unit}; "
                            "use a longer length")

@@ -183,6 +183,9 @@ def from_llama2c(model_bin: str | Path, tokenizer_bin: str | Path):
 
 def import_llama2c(model_bin: str | Path, tokenizer_bin: str | Path, out_dir: str | Path) -> Path:
     """Write a folder that ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` load."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one shard of a 1 MB model needs no bar
     model, tokenizer = from_llama2c(model_bin, tokenizer_bin)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

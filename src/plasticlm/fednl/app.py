@@ -1,0 +1,259 @@
+"""The Flower app (Message API): a ClientApp that trains and evaluates theta on the client's
+own data, and a ServerApp whose strategy aggregates theta and nothing else.
+
+Only theta travels (float32, or the run's ``transfer_dtype``). The memory state of ``fednl``
+is built inside each forward pass on the device and is never part of a message.
+Personal state (FedALA weights, SI importances, the previous local theta) lives in the
+client's ``context.state`` and, so that a resumed run can find it, in the client's own
+state folder; the server never sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from plasticlm.fednl.aggregate import reply_problem, weighted_mean
+from plasticlm.fednl.checkpoint import Checkpointer, load_client_state, save_client_state
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.methods import local_update, set_theta
+from plasticlm.fednl.setup import model_for, tasks_for
+
+log = logging.getLogger("plasticlm.fednl")
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+class RoundFailed(RuntimeError):
+    """Too few valid replies to aggregate a round; the last checkpoint stays intact."""
+
+
+def _pack(theta: dict[str, torch.Tensor], dtype: str) -> ArrayRecord:
+    return ArrayRecord({k: v.to(DTYPES[dtype]).contiguous() for k, v in theta.items()})
+
+
+def _unpack(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in record.to_torch_state_dict().items()}
+
+
+# --------------------------------------------------------------------------- client side
+
+client_app = ClientApp()
+
+
+def _client(msg: Message, context: Context):
+    cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
+    pid = int(context.node_config["partition-id"])
+    tasks = tasks_for(cfg)
+    if not 0 <= pid < len(tasks):
+        raise ValueError(f"partition-id {pid} out of range: the run has {len(tasks)} clients")
+    model, tokenizer = model_for(cfg)
+    return cfg, pid, tasks[pid], model, tokenizer
+
+
+def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task) -> Message:
+    content = RecordDict({"metrics": MetricRecord(metrics),
+                          "client": ConfigRecord({"name": task.name, "domain": task.domain})})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content, reply_to=msg)
+
+
+@client_app.train()
+def client_train(msg: Message, context: Context) -> Message:
+    """Local training from the received theta; replies with the local theta and the local
+    model's accuracy (the "before aggregation" side of the aggregation drop)."""
+    cfg, pid, task, model, tokenizer = _client(msg, context)
+    rnd = int(msg.content["config"]["server-round"])
+    state_dir = Path(str(msg.content["config"]["client-state-dir"])) / f"client{pid}"
+    if "personal" in context.state:
+        state = _unpack(context.state["personal"])
+    else:  # a fresh process (first round, or a resumed run): read the client's own disk
+        state = load_client_state(state_dir, rnd - 1)
+    t0 = time.time()
+    theta, metrics = local_update(model, tokenizer, task, _unpack(msg.content["arrays"]), state,
+                                  cfg.method, seed=cfg.seed * 100_003 + rnd * 101 + pid)
+    local_acc = task.accuracy(model, tokenizer)
+    if state:
+        context.state["personal"] = ArrayRecord(state)
+        save_client_state(state_dir, rnd, state)
+    metrics.update({"num-examples": len(task.train), "partition-id": pid,
+                    "local-acc": local_acc, "train-seconds": time.time() - t0})
+    return _reply(msg, _pack(theta, cfg.transfer_dtype), metrics, task)
+
+
+@client_app.evaluate()
+def client_evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy of the received aggregate on the client's held-out questions."""
+    cfg, pid, task, model, tokenizer = _client(msg, context)
+    set_theta(model, _unpack(msg.content["arrays"]))
+    acc = task.accuracy(model, tokenizer)
+    return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,
+                              "fed-acc": acc}, task)
+
+
+# --------------------------------------------------------------------------- server side
+
+
+class ThetaAverage(FedAvg):
+    """FedAvg over theta that validates replies, counts the bytes that travel, tolerates
+    failed clients down to ``min_clients``, and checkpoints each finished round."""
+
+    def __init__(self, cfg: FedNLConfig, checkpointer: Checkpointer, start_round: int,
+                 num_nodes: int):
+        super().__init__(fraction_train=1.0, fraction_evaluate=1.0,
+                         min_train_nodes=cfg.min_clients, min_evaluate_nodes=cfg.min_clients,
+                         min_available_nodes=num_nodes)
+        self.cfg, self.checkpointer, self.offset = cfg, checkpointer, start_round
+        self.reference: dict[str, torch.Tensor] = {}
+        self.record: dict = {}
+
+    def _send(self, server_round, arrays, config, grid, kind):
+        config["server-round"] = server_round + self.offset
+        config["run-config"] = self.cfg.to_json()
+        config["client-state-dir"] = self.checkpointer.client_state_dir
+        nodes = sorted(grid.get_node_ids())
+        msgs = [Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=n,
+                        message_type=kind) for n in nodes]
+        self.record.setdefault("bytes_down", 0)
+        self.record["bytes_down"] += arrays.count_bytes() * len(msgs)
+        self.record[f"sent_{kind}"] = len(msgs)
+        return msgs
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.reference = _unpack(arrays)
+        self.record = {"round": server_round + self.offset, "t0": time.time()}
+        return self._send(server_round, arrays, config, grid, MessageType.TRAIN)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return self._send(server_round, arrays, config, grid, MessageType.EVALUATE)
+
+    def _valid(self, replies, want_arrays: bool) -> list[Message]:
+        ok = []
+        for m in replies:
+            if m.has_error():
+                problem = f"client failed: {m.error.reason[:200]}"
+            elif "metrics" not in m.content.metric_records:
+                problem = "no metrics record"
+            elif want_arrays and "arrays" not in m.content.array_records:
+                problem = "no arrays record"
+            else:
+                problem = reply_problem(_unpack(m.content["arrays"]), self.reference) \
+                    if want_arrays else None
+            if problem:
+                log.warning("round %s: rejected reply from node %s: %s", self.record["round"],
+                            m.metadata.src_node_id, problem)
+                self.record.setdefault("rejected", []).append(problem)
+            else:
+                ok.append(m)
+        return sorted(ok, key=lambda m: int(m.content["metrics"]["partition-id"]))
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.record["bytes_up"] = sum(m.content["arrays"].count_bytes() for m in replies
+                                      if not m.has_error() and "arrays" in m.content.array_records)
+        ok = self._valid(replies, want_arrays=True)
+        self.record["missing_train"] = self.record[f"sent_{MessageType.TRAIN}"] - len(replies)
+        if len(ok) < self.cfg.min_clients:
+            raise RoundFailed(
+                f"round {self.record['round']}: only {len(ok)} valid client replies, fewer than "
+                f"min_clients={self.cfg.min_clients} (problems: {self.record.get('rejected', [])}, "
+                f"missing: {self.record['missing_train']}); the checkpoint of round "
+                f"{self.record['round'] - 1} is intact, rerun with --resume")
+        theta = weighted_mean([_unpack(m.content["arrays"]) for m in ok],
+                              [int(m.content["metrics"]["num-examples"]) for m in ok])
+        self.record["clients"] = {
+            str(m.content["client"]["name"]): {
+                "domain": str(m.content["client"]["domain"]),
+                "local_acc": float(m.content["metrics"]["local-acc"]),
+                "train_loss": float(m.content["metrics"]["train_loss"]),
+            } for m in ok}
+        self.aggregate = theta
+        arrays = _pack(theta, "float32")
+        return arrays, MetricRecord({"clients": len(ok)})
+
+    def aggregate_evaluate(self, server_round, replies):
+        for m in self._valid(list(replies), want_arrays=False):
+            name = str(m.content["client"]["name"])
+            entry = self.record["clients"].setdefault(
+                name, {"domain": str(m.content["client"]["domain"])})
+            entry["fed_acc"] = float(m.content["metrics"]["fed-acc"])
+            if "local_acc" in entry:
+                entry["drop"] = entry["local_acc"] - entry["fed_acc"]
+        rec = self.record
+        rec["seconds"] = time.time() - rec.pop("t0")
+        fed = [c["fed_acc"] for c in rec["clients"].values() if "fed_acc" in c]
+        rec["mean_fed_acc"] = sum(fed) / len(fed) if fed else float("nan")
+        self.checkpointer.commit(rec["round"], self.aggregate, rec)
+        return MetricRecord({"mean-fed-acc": rec["mean_fed_acc"]})
+
+
+def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,
+                initial: dict[str, torch.Tensor]) -> None:
+    """Run the remaining rounds of ``cfg`` from the run folder's last checkpoint (if any)."""
+    checkpointer = Checkpointer(Path(run_dir), cfg)
+    start_round, theta = checkpointer.latest(initial)
+    if start_round >= cfg.rounds:
+        log.info("run already finished (%d rounds)", start_round)
+        return
+    num_nodes = len(tasks_for(cfg))
+    strategy = ThetaAverage(cfg, checkpointer, start_round, num_nodes)
+    _wait_for_nodes(grid, num_nodes, cfg.min_clients)
+    strategy.start(grid=grid, initial_arrays=_pack(theta, "float32"),
+                   num_rounds=cfg.rounds - start_round, timeout=cfg.round_timeout,
+                   train_config=ConfigRecord(), evaluate_config=ConfigRecord())
+
+
+def _wait_for_nodes(grid: Grid, wanted: int, minimum: int, seconds: float = 120.0) -> None:
+    deadline = time.time() + seconds
+    while len(list(grid.get_node_ids())) < wanted and time.time() < deadline:
+        time.sleep(0.5)
+    have = len(list(grid.get_node_ids()))
+    if have < minimum:
+        raise RoundFailed(f"only {have} client node(s) connected after {seconds:.0f}s; "
+                          f"the run needs at least min_clients={minimum}")
+
+
+def make_server_app(cfg: FedNLConfig, run_dir: str | Path,
+                    initial: dict[str, torch.Tensor]) -> ServerApp:
+    """A ServerApp bound to one run (the simulation runtime's way in)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        server_main(grid, cfg, run_dir, initial)
+
+    return app
+
+
+# The deployment entry point (`flwr run`): the run config names a config file and a folder.
+server_app = ServerApp()
+
+
+@server_app.main()
+def deployed_main(grid: Grid, context: Context) -> None:
+    from plasticlm.config import load_config
+    from plasticlm.fednl.setup import initial_theta
+
+    rc = dict(context.run_config)
+    overrides = [s for s in str(rc.get("set", "")).split(";") if s.strip()]
+    cfg = load_config(FedNLConfig, rc.get("config") or None, overrides)
+    run_dir = Path(str(rc.get("run-dir") or Path(cfg.out) / cfg.name))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
+    server_main(grid, cfg, run_dir, initial_theta(cfg))

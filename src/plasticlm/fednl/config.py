@@ -1,0 +1,40 @@
+"""The configuration of a federated run (a dataclass, loadable from TOML/YAML + overrides)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from plasticlm.config import from_dict
+from plasticlm.fednl.methods import MethodConfig
+
+
+@dataclass
+class FedNLConfig:
+    """Everything a federated run needs; the server sends it to every client as JSON."""
+
+    name: str = "fednl-sandbox"
+    model: str = "sandbox:receiver"   # "sandbox:<model>" or a local HF folder / hub id
+    data: str = "sandbox"             # "sandbox" (the world) or a world / MMLU folder
+    split: str = "domain"             # domain (5 clients) | dirichlet | niah (7 clients)
+    num_clients: int = 5              # dirichlet only; domain always has 5
+    alpha: float = 0.5                # Dirichlet concentration
+    max_train: int = 96               # training questions per client (cap)
+    max_test: int = 48                # held-out questions per client (cap)
+    niah_length: int = 192            # niah: prompt length in tokens of the model's tokenizer
+    rounds: int = 4
+    seed: int = 0
+    min_clients: int = 2              # fewer valid replies than this fails the round
+    round_timeout: float = 900.0      # seconds to wait for replies
+    transfer_dtype: str = "float32"   # float32 | float16: what theta travels as
+    client_state_dir: str = ""        # where clients keep personal state (default: run/clients)
+    out: str = "runs"
+    method: MethodConfig = field(default_factory=MethodConfig)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FedNLConfig:
+        return from_dict(cls, json.loads(text))

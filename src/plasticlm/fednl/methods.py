@@ -1,0 +1,225 @@
+"""The federated methods: what each trains, sends, and adds to the local objective.
+
+All methods share one client update (:func:`local_update`) and one aggregation (weighted
+mean, :mod:`plasticlm.fednl.aggregate`); they differ only in
+
+- which parameters form theta (what trains and what travels):
+  ``fednl`` the memory's meta-parameters (LoRA for memory q/k/v, beta projection, gate);
+  ``fedavg``/``fedprox``/``fedala``/``fedssi`` a static LoRA on the frozen base's q/k/v;
+  ``fedavg-full`` every weight of the model;
+- the extra local term: FedProx's (mu/2)||w - w_global||^2, FedSSI's synaptic-intelligence
+  penalty c * sum Omega (w - w_anchor)^2;
+- the initialisation: FedALA mixes the global theta into the client's previous local theta
+  with learned element-wise weights on the top layers.
+
+Personalised state (ALA weights, SI importances, previous local theta) is a flat
+``dict[str, Tensor]`` that the client keeps; it never travels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plasticlm.errors import PlasticError
+
+METHODS = ("fednl", "fedavg", "fedprox", "fedala", "fedssi", "fedavg-full")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
+
+
+@dataclass
+class MethodConfig:
+    """Hyper-parameters of every method; each method reads only its own."""
+
+    name: str = "fednl"
+    lr: float = 2e-3              # theta learning rate (LoRA / memory)
+    full_lr: float = 2e-4         # fedavg-full: all weights
+    local_steps: int = 16
+    batch_size: int = 8
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    memory_window: int = 64
+    memory_layers: str = "all"    # "all" or comma-separated layer indices
+    memory_conv: int = 4          # short causal convolution (DeltaNet's kernel 4); 0 = none
+    gate_init: float = -3.0       # gate logit: alpha = 0.047 gives the memory a share from the
+                                  # first step; -16 starts exactly as the windowed base, but its
+                                  # gradients (~1e-7) sit near Adam's eps
+    prox_mu: float = 0.01         # FedProx
+    ala_layers: int = 1           # FedALA: top decoder layers that get element-wise weights
+    ala_steps: int = 4            # FedALA: batches to learn the weights on
+    ala_lr: float = 1.0
+    si_c: float = 0.1             # FedSSI penalty strength
+    si_xi: float = 1e-3           # SI damping
+    si_mix: float = 0.5           # FedSSI surrogate anchor = mix * local + (1 - mix) * global
+
+
+def check_method(name: str) -> None:
+    if name not in METHODS:
+        raise PlasticError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+
+
+def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
+    """Make exactly theta trainable on ``model`` for method ``cfg.name`` (memory or LoRA
+    attached in place or wrapped); returns the model to train."""
+    check_method(cfg.name)
+    if cfg.name == "fednl":
+        from plasticlm.memory import attach_memory
+
+        layers = cfg.memory_layers
+        if layers != "all":
+            layers = [int(x) for x in str(layers).split(",") if x.strip()]
+        return attach_memory(model, layers=layers, window=cfg.memory_window, rank=cfg.lora_rank,
+                             lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
+                             gate_init=cfg.gate_init)
+    if cfg.name == "fedavg-full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(LORA_TARGETS), bias="none")
+    return get_peft_model(model, lora)
+
+
+def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    """theta as live parameters, by name (tied weights appear once)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def get_theta(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A float32 CPU copy of theta, ready to send."""
+    return {n: p.detach().float().cpu().clone() for n, p in trainable(model).items()}
+
+
+def set_theta(model: nn.Module, theta: dict[str, torch.Tensor]) -> None:
+    """Copy ``theta`` into the model's trainable parameters (keys and shapes must match)."""
+    params = trainable(model)
+    missing, extra = sorted(set(params) - set(theta)), sorted(set(theta) - set(params))
+    if missing or extra:
+        raise PlasticError(f"theta does not fit the model: missing {missing[:3]}, "
+                           f"unexpected {extra[:3]}")
+    with torch.no_grad():
+        for n, p in params.items():
+            if tuple(theta[n].shape) != tuple(p.shape):
+                raise PlasticError(f"theta {n}: shape {tuple(theta[n].shape)} != {tuple(p.shape)}")
+            p.copy_(theta[n].to(p.dtype))
+
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def _layer_of(name: str) -> int | None:
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
+def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy on the labelled (answer) positions of ``ids`` [B, T].
+
+    Batches are right-padded, so a causal model needs no attention mask: padding comes
+    after every labelled position and cannot change its logits.
+    """
+    logits = model(input_ids=ids).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                           ignore_index=-100)
+
+
+def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodConfig) -> dict:
+    """FedALA's adaptive local aggregation; returns the personalised initial theta.
+
+    theta_hat = theta_local + (theta_global - theta_local) * W on the top ``ala_layers``
+    layers (W in [0,1], learned on a few local batches), plain theta_global below them.
+    """
+    local = {k[len("local."):]: v for k, v in state.items() if k.startswith("local.")}
+    if not local:
+        return dict(global_theta)  # first round: nothing personal yet
+    layers = [x for x in (_layer_of(n) for n in global_theta) if x is not None]
+    top = set(range(max(layers) - cfg.ala_layers + 1, max(layers) + 1)) if layers else set()
+    weights = {n: state.get(f"ala.{n}", torch.ones_like(global_theta[n]))
+               for n in global_theta if _layer_of(n) in top}
+    params = trainable(model)
+    for ids, labels in batches:
+        mixed = {n: (local[n] + (global_theta[n] - local[n]) * weights[n]) if n in weights
+                 else global_theta[n] for n in global_theta}
+        set_theta(model, mixed)
+        model.zero_grad(set_to_none=True)
+        answer_loss(model, ids, labels).backward()
+        with torch.no_grad():
+            for n, w in weights.items():
+                g = params[n].grad
+                if g is not None:
+                    w.sub_(cfg.ala_lr * g.float() * (global_theta[n] - local[n])).clamp_(0, 1)
+    for n, w in weights.items():
+        state[f"ala.{n}"] = w
+    model.zero_grad(set_to_none=True)
+    return {n: (local[n] + (global_theta[n] - local[n]) * weights[n]) if n in weights
+            else global_theta[n] for n in global_theta}
+
+
+def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: MethodConfig,
+                 seed: int) -> tuple[dict, dict]:
+    """One round of local training from ``global_theta``; returns (local theta, metrics).
+
+    ``state`` (the client's personal tensors) is read and updated in place.
+    """
+    check_method(cfg.name)
+    batches = task.batches(tokenizer, cfg.local_steps + cfg.ala_steps, cfg.batch_size, seed)
+    start = global_theta
+    if cfg.name == "fedala":
+        start = ala_initialise(model, global_theta, state,
+                               [next(batches) for _ in range(cfg.ala_steps)], cfg)
+    set_theta(model, start)
+    params = trainable(model)
+    lr = cfg.full_lr if cfg.name == "fedavg-full" else cfg.lr
+    opt = torch.optim.AdamW(params.values(), lr=lr, weight_decay=0.0)
+
+    anchor, omega_acc, importance = None, {}, {}
+    if cfg.name == "fedssi":
+        local_prev = {k[len("local."):]: v for k, v in state.items() if k.startswith("local.")}
+        anchor = {n: cfg.si_mix * local_prev[n] + (1 - cfg.si_mix) * global_theta[n]
+                  if n in local_prev else global_theta[n] for n in global_theta}
+        importance = {n: state.get(f"si.{n}", torch.zeros_like(global_theta[n])) for n in params}
+        omega_acc = {n: torch.zeros_like(global_theta[n]) for n in params}
+
+    model.train()
+    losses = []
+    for step, (ids, labels) in enumerate(batches):
+        if step >= cfg.local_steps:
+            break
+        task_loss = answer_loss(model, ids, labels)
+        loss = task_loss
+        if cfg.name == "fedprox":
+            loss = loss + cfg.prox_mu / 2 * sum(((p.float() - global_theta[n]) ** 2).sum()
+                                                for n, p in params.items())
+        if cfg.name == "fedssi" and any(v.any() for v in importance.values()):
+            loss = loss + cfg.si_c * sum((importance[n] * (p.float() - anchor[n]) ** 2).sum()
+                                         for n, p in params.items())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        before = {n: p.detach().float().clone() for n, p in params.items()} if omega_acc else None
+        grads = {n: p.grad.detach().float().clone() for n, p in params.items()
+                 if p.grad is not None} if omega_acc else None
+        opt.step()
+        if omega_acc:  # SI path integral: -g * dtheta along the local trajectory
+            for n, p in params.items():
+                if n in grads:
+                    omega_acc[n] -= grads[n] * (p.detach().float() - before[n])
+        losses.append(task_loss.item())
+    model.eval()
+
+    theta = get_theta(model)
+    if cfg.name == "fedssi":
+        for n in params:
+            delta = theta[n] - start[n]
+            state[f"si.{n}"] = importance[n] + omega_acc[n].clamp(min=0) / (delta**2 + cfg.si_xi)
+    if cfg.name in ("fedala", "fedssi"):
+        for n, v in theta.items():
+            state[f"local.{n}"] = v
+    return theta, {"train_loss": sum(losses) / max(1, len(losses)),
+                   "train_loss_last": losses[-1] if losses else float("nan")}

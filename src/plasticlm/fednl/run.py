@@ -1,0 +1,97 @@
+"""Run a federated experiment on Flower's simulation runtime, with resume, report and plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from plasticlm.errors import PlasticError
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.methods import check_method, set_theta
+
+
+def _quiet_flower() -> None:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    for name in ("flwr", "ray"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2) -> Path:
+    """Run (or, with ``resume``, continue) ``cfg`` on the simulation runtime.
+
+    Writes ``runs/<name>/``: config.json, metrics.jsonl (one record per round with every
+    client's local and federated accuracy), the last round's theta, the final theta as an
+    adapter folder, summary.json and plots. Returns the run folder.
+    """
+    from flwr.simulation import run_simulation
+
+    from plasticlm.fednl.app import client_app, make_server_app
+    from plasticlm.fednl.setup import initial_theta, tasks_for
+
+    check_method(cfg.method.name)
+    run_dir = Path(cfg.out) / cfg.name
+    if run_dir.exists() and not resume:
+        if (run_dir / "checkpoint.json").exists():
+            raise PlasticError(f"{run_dir} holds an earlier run; pass --resume to continue it, "
+                               "or choose another --set name=...")
+        shutil.rmtree(run_dir)
+    if resume and (run_dir / "config.json").exists():
+        saved = FedNLConfig.from_json(json.dumps(json.loads((run_dir / "config.json").read_text())))
+        if saved.to_json() != cfg.to_json():
+            raise PlasticError(f"{run_dir} was started with another config; resume with the same "
+                               "config (see its config.json)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
+
+    n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
+    initial = initial_theta(cfg)
+    _quiet_flower()
+    run_simulation(
+        server_app=make_server_app(cfg, run_dir, initial),
+        client_app=client_app,
+        num_supernodes=n,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                        "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
+                                      "log_to_driver": False, "logging_level": "ERROR"}},
+    )
+    from plasticlm.fednl.checkpoint import Checkpointer
+
+    done = Checkpointer(run_dir, cfg).committed_round()
+    if done < cfg.rounds:
+        raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see the log "
+                           f"above); continue it with --resume")
+    finish(cfg, run_dir)
+    return run_dir
+
+
+def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
+    """Final theta as an adapter folder, summary.json and plots."""
+    from safetensors.torch import load_file
+
+    from plasticlm.fednl.checkpoint import Checkpointer
+    from plasticlm.fednl.report import plot_run, summarise
+    from plasticlm.fednl.setup import build_model
+
+    ck = Checkpointer(run_dir, cfg)
+    theta = load_file(str(run_dir / f"round_{ck.committed_round():04d}" / "theta.safetensors"))
+    model, tokenizer = build_model(cfg)
+    set_theta(model, theta)
+    final = run_dir / "final"
+    if cfg.method.name == "fednl":
+        from plasticlm.memory import save_pretrained
+
+        save_pretrained(model, final)
+    elif cfg.method.name == "fedavg-full":
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    else:
+        model.save_pretrained(final)  # a PEFT LoRA adapter folder
+    summary = summarise(cfg, ck.records(), theta)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_run(ck.records(), run_dir)
+    return summary

@@ -1,0 +1,189 @@
+"""Client datasets for federated training, split non-IID.
+
+Two kinds of client:
+- knowledge (:class:`ClientTask`): multiple-choice questions; trains on (question, answer)
+  pairs, evaluated by continuation scoring. The sandbox world's five domains map one-to-one
+  onto FedNL's five client domains; a real MMLU folder is split by
+  :data:`plasticlm.data.partition.MMLU_CLIENT_DOMAIN`; a Dirichlet split over the same pool
+  gives any number of clients.
+- retrieval (:class:`NIAHTask`): one NIAH task type per client (seven clients); trains on
+  (haystack prompt, needle answer) pairs, evaluated by greedy decoding and exact scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from plasticlm.data import partition
+from plasticlm.data.mmlu import load_mmlu
+from plasticlm.data.records import MCQuestion
+from plasticlm.errors import PlasticError
+from plasticlm.eval import MCConfig, encode_pair, evaluate_mc_items
+
+PROMPT = "Question: {question}\nAnswer:"
+
+
+@dataclass
+class ClientTask:
+    """One client's data: what it trains on and what it is evaluated on."""
+
+    name: str
+    domain: str
+    train: list[MCQuestion] = field(repr=False)
+    test: list[MCQuestion] = field(repr=False)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(prompt, answer continuation) for every training item."""
+        return [(PROMPT.format(question=q.question), " " + q.answer_text) for q in self.train]
+
+    def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
+        """``steps`` batches of (input_ids [B,T], labels [B,T]); loss only on the answer."""
+        rng = random.Random(seed)
+        pairs = [encode_pair(tokenizer, p, a) for p, a in self.pairs()]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        for _ in range(steps):
+            chosen = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
+            length = max(len(c) + len(a) for c, a in chosen)
+            ids = torch.full((batch_size, length), pad)
+            labels = torch.full((batch_size, length), -100)
+            for i, (c, a) in enumerate(chosen):
+                seq = torch.tensor(c + a)
+                ids[i, : len(seq)] = seq
+                labels[i, len(c) : len(seq)] = torch.tensor(a)
+            yield ids, labels
+
+    def accuracy(self, model, tokenizer, batch_size: int = 32) -> float:
+        """Multiple-choice accuracy on the held-out questions (continuation scoring)."""
+        cfg = MCConfig(method="continuation", batch_size=batch_size,
+                       continuation_template=PROMPT)
+        return evaluate_mc_items(model, tokenizer, self.test, cfg).accuracy
+
+
+@dataclass
+class NIAHTask(ClientTask):
+    """A retrieval client: ``train``/``test`` hold :class:`~plasticlm.data.niah.NIAHSample`."""
+
+    max_new_tokens: int = 24
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return [(s.prompt, s.target) for s in self.train]
+
+    def accuracy(self, model, tokenizer, batch_size: int = 8) -> float:
+        """Mean exact score (:func:`plasticlm.data.niah.score`) of greedy answers."""
+        from plasticlm.data.niah import score
+
+        total = 0.0
+        for sample in self.test:
+            total += score(sample, greedy_answer(model, tokenizer, sample.prompt,
+                                                 self.max_new_tokens))
+        return total / len(self.test)
+
+
+@torch.no_grad()
+def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    """Greedy continuation up to a newline, by full forward passes (no KV cache), so that
+    it works for any model, memory-augmented ones included."""
+    from plasticlm.eval import encode_with_bos
+
+    ids = encode_with_bos(tokenizer, prompt)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        nxt = int(model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+        if nxt == tokenizer.eos_token_id:
+            break
+        out.append(nxt)
+        if "\n" in tokenizer.decode(out[-1:]):
+            break
+    return tokenizer.decode(out, skip_special_tokens=True).split("\n")[0]
+
+
+def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_client: int = 48,
+               test_per_client: int = 12, seed: int = 0) -> list[NIAHTask]:
+    """Seven clients, one NIAH task type each, haystacks from the world corpus (or a folder
+    of essays), ``length`` tokens of ``tokenizer``."""
+    from plasticlm.data.corpus import load_haystack, load_text_corpus
+    from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
+
+    folder = Path(source)
+    docs = (load_text_corpus(folder / "corpus" / "valid.txt") if (folder / "world.json").exists()
+            else load_haystack(folder))
+    sentences = haystack_sentences(docs)
+    tasks = []
+    for c, task in enumerate(TASKS):
+        train = generate_niah(task, train_per_client, length, sentences, seed=seed * 7 + c,
+                              tokenizer=tokenizer)
+        test = generate_niah(task, test_per_client, length, sentences,
+                             seed=10_000 + seed * 7 + c, tokenizer=tokenizer)
+        tasks.append(NIAHTask(task, task, train, test))
+    return tasks
+
+
+def _cap(items: list, n: int | None, seed: int) -> list:
+    if n is None or len(items) <= n:
+        return items
+    return random.Random(seed).sample(items, n)
+
+
+def world_domains(world_dir: str | Path) -> dict[str, str]:
+    """Sandbox world subject -> FedNL client domain, from the world's ``world.json``."""
+    index = json.loads((Path(world_dir) / "world.json").read_text())
+    return {name: d["client_domain"] for name, d in index["domains"].items()}
+
+
+def load_pool(source: str | Path) -> tuple[list[MCQuestion], list[MCQuestion], dict[str, str]]:
+    """(train pool, test pool, subject -> client domain) from a world or an MMLU folder.
+
+    Train: the ``dev`` and ``val`` splits; test: the ``test`` split.
+    """
+    folder = Path(source)
+    if (folder / "world.json").exists():
+        mapping, mmlu = world_domains(folder), folder / "mmlu"
+    elif (folder / "test").is_dir():
+        mapping, mmlu = partition.MMLU_CLIENT_DOMAIN, folder
+    else:
+        raise PlasticError(f"{folder} is neither a sandbox world (world.json) nor an MMLU folder "
+                           "(dev/ val/ test/ of CSVs)")
+    train = load_mmlu(mmlu, "dev") + load_mmlu(mmlu, "val")
+    return train, load_mmlu(mmlu, "test"), mapping
+
+
+def client_tasks(source: str | Path, split: str = "domain", num_clients: int = 5,
+                 alpha: float = 0.5, max_train: int | None = None, max_test: int | None = None,
+                 seed: int = 0) -> list[ClientTask]:
+    """Non-IID clients over a world or MMLU folder.
+
+    ``split="domain"``: one client per FedNL domain (stem, math_cs, humanities,
+    social_sciences, other). ``split="dirichlet"``: ``num_clients`` clients whose domain
+    proportions are drawn from Dir(``alpha``); a client's ``domain`` is its majority domain.
+    """
+    if split == "niah":
+        raise PlasticError("NIAH clients need the tokenizer: use niah_tasks(source, tokenizer)")
+    train, test, mapping = load_pool(source)
+    if split == "domain":
+        tr = partition.partition_by_domain([q.subject for q in train], mapping)
+        te = partition.partition_by_domain([q.subject for q in test], mapping)
+        names = list(partition.CLIENT_DOMAINS)
+        domains = names
+    elif split == "dirichlet":
+        labels_tr = [mapping[q.subject] for q in train]
+        labels_te = [mapping[q.subject] for q in test]
+        tr = partition.partition_dirichlet(labels_tr, num_clients, alpha, seed, min_size=4)
+        te = partition.partition_dirichlet(labels_te, num_clients, alpha, seed, min_size=4)
+        names = [f"client{c}" for c in range(num_clients)]
+        domains = [max(set(labels_tr[i] for i in part), key=[labels_tr[i] for i in part].count)
+                   for part in tr]
+    else:
+        raise PlasticError(f"unknown split {split!r}; use 'domain', 'dirichlet' or 'niah'")
+    tasks = []
+    for c, name in enumerate(names):
+        if not tr[c] or not te[c]:
+            raise PlasticError(f"client {name} has no {'training' if not tr[c] else 'test'} "
+                               f"questions in {source}")
+        tasks.append(ClientTask(name, domains[c], _cap([train[i] for i in tr[c]], max_train, seed),
+                                _cap([test[i] for i in te[c]], max_test, seed + 1)))
+    return tasks

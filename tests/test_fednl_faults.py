@@ -1,0 +1,98 @@
+"""The server strategy and the client app, called directly: bad replies, crashes, minimums."""
+
+import json
+
+import pytest
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    Metadata,
+    MetricRecord,
+    RecordDict,
+)
+
+from plasticlm.fednl.app import RoundFailed, ThetaAverage, client_app
+from plasticlm.fednl.checkpoint import Checkpointer
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.methods import MethodConfig
+
+THETA = {"w": torch.ones(2, 3), "b": torch.zeros(3)}
+
+
+def meta(src: int, kind=MessageType.TRAIN) -> Metadata:
+    return Metadata(run_id=1, message_id="", src_node_id=src, dst_node_id=0,
+                    reply_to_message_id="x", group_id="", created_at=0.0, ttl=60.0,
+                    message_type=kind)
+
+
+def reply(pid: int, theta=None, n: int = 10, error: Error | None = None) -> Message:
+    if error is not None:
+        return Message(metadata=meta(pid), error=error)
+    content = RecordDict({
+        "arrays": ArrayRecord(theta if theta is not None else THETA),
+        "metrics": MetricRecord({"num-examples": n, "partition-id": pid, "local-acc": 0.5,
+                                 "train_loss": 1.0}),
+        "client": ConfigRecord({"name": f"c{pid}", "domain": "stem"})})
+    return Message(metadata=meta(pid), content=content)
+
+
+@pytest.fixture
+def strategy(tmp_path):
+    cfg = FedNLConfig(min_clients=2)
+    s = ThetaAverage(cfg, Checkpointer(tmp_path, cfg), start_round=0, num_nodes=5)
+    s.reference = {k: v.clone() for k, v in THETA.items()}
+    s.record = {"round": 1, "t0": 0.0, f"sent_{MessageType.TRAIN}": 6}
+    return s
+
+
+def test_bad_replies_are_rejected_and_the_rest_aggregated(strategy, caplog):
+    nan = {"w": THETA["w"].clone(), "b": THETA["b"].clone()}
+    nan["w"][0, 0] = float("nan")
+    replies = [reply(0, {k: v + 1 for k, v in THETA.items()}, n=30), reply(1, n=10),
+               reply(2, nan), reply(3, {"w": torch.zeros(5, 3), "b": THETA["b"]}),
+               reply(4, {"w": THETA["w"]}), reply(5, error=Error(code=2, reason="boom"))]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    theta = arrays.to_torch_state_dict()
+    assert torch.allclose(theta["w"], torch.full((2, 3), 1.75))  # (2*30 + 1*10) / 40
+    assert metrics["clients"] == 2
+    assert len(strategy.record["rejected"]) == 4
+    assert "NaN" in caplog.text and "boom" in caplog.text
+
+
+def test_too_few_valid_replies_fail_the_round_and_keep_the_checkpoint(strategy, tmp_path):
+    strategy.checkpointer.commit(1, THETA, {"round": 1, "clients": {}})
+    strategy.record["round"] = 2
+    with pytest.raises(RoundFailed, match="min_clients=2"):
+        strategy.aggregate_train(2, [reply(0), reply(1, error=Error(code=5, reason="timeout"))])
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["round"] == 1
+    round_, theta = strategy.checkpointer.latest(THETA)
+    assert round_ == 1 and torch.equal(theta["w"], THETA["w"])
+
+
+def test_client_app_trains_and_evaluates_when_called_directly(tmp_path):
+    cfg = FedNLConfig(model="sandbox-quick:receiver", data="sandbox-quick", max_train=8,
+                      max_test=4, method=MethodConfig(name="fedssi", local_steps=2, batch_size=2))
+    from plasticlm.fednl.setup import initial_theta
+
+    theta = initial_theta(cfg)
+    config = ConfigRecord({"server-round": 1, "run-config": cfg.to_json(),
+                           "client-state-dir": str(tmp_path)})
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "num-partitions": 5},
+                  state=RecordDict(), run_config={})
+    msg = Message(metadata=meta(0), content=RecordDict({"arrays": ArrayRecord(theta),
+                                                        "config": config}))
+    out = client_app(msg, ctx)
+    assert not out.has_error(), out.error
+    assert set(out.content["arrays"].keys()) == set(theta)
+    assert 0.0 <= out.content["metrics"]["local-acc"] <= 1.0
+    assert "personal" in ctx.state  # SI importances stay on the client
+    assert (tmp_path / "client3" / "state_0001.safetensors").exists()
+    ev = Message(metadata=meta(0, MessageType.EVALUATE),
+                 content=RecordDict({"arrays": out.content["arrays"], "config": config}))
+    res = client_app(ev, ctx)
+    assert not res.has_error() and 0.0 <= res.content["metrics"]["fed-acc"] <= 1.0

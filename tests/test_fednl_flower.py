@@ -1,0 +1,104 @@
+"""FedNL end to end on Flower: the simulation runtime, kill-and-resume, and SuperLink +
+SuperNodes on loopback. Uses the quick sandbox preset (seconds of pre-training)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from plasticlm.cli import main
+
+QUICK = ["--quick", "--set", "max_test=6"]
+
+
+def run_cli(out: Path, name: str, *extra: str) -> int:
+    return main(["fednl", "run", *QUICK, "--set", f"out={out}", "--set", f"name={name}", *extra])
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fed")
+    assert run_cli(out, "ref", "--set", "rounds=3") == 0
+    return out / "ref"
+
+
+def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
+    records = [json.loads(x) for x in (reference_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert len(r["clients"]) == 5
+        assert {"local_acc", "fed_acc", "drop", "train_loss", "domain"} <= set(
+            next(iter(r["clients"].values())))
+        assert r["bytes_up"] > 0 and r["bytes_down"] == 2 * r["bytes_up"]
+    summary = json.loads((reference_run / "summary.json").read_text())
+    theta_bytes = summary["theta_bytes"]
+    assert records[0]["bytes_up"] >= 5 * theta_bytes  # five clients each sent theta
+    assert (reference_run / "accuracy.png").stat().st_size > 0
+    assert (reference_run / "bytes.png").stat().st_size > 0
+    # the final theta loads with the memory adapter's from_pretrained
+    from plasticlm.data.sandbox import sandbox_model
+    from plasticlm.memory import from_pretrained, meta_parameters
+    from plasticlm.models import load_causal_lm
+
+    base, _ = load_causal_lm(sandbox_model("receiver", preset="quick"))
+    model = from_pretrained(base, reference_run / "final")
+    assert len(meta_parameters(model)) > 0
+
+
+def test_a_killed_run_resumes_to_the_same_final_metrics(reference_run, tmp_path):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "plasticlm.cli", "fednl", "run", *QUICK,
+           "--set", f"out={tmp_path}", "--set", "name=killed", "--set", "rounds=3"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pointer = tmp_path / "killed" / "checkpoint.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if pointer.exists() and json.loads(pointer.read_text())["round"] >= 1:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole group: Ray's workers too
+    proc.wait()
+    killed_at = json.loads(pointer.read_text())["round"]
+    assert 1 <= killed_at < 3, "the run should have been killed mid-way"
+    assert main(["fednl", "run", *QUICK, "--set", f"out={tmp_path}", "--set", "name=killed",
+                 "--set", "rounds=3", "--resume"]) == 0
+    ref = [json.loads(x) for x in (reference_run / "metrics.jsonl").read_text().splitlines()]
+    got = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in got] == [1, 2, 3]
+    assert got[-1]["clients"] == ref[-1]["clients"]
+    a = load_file(str(reference_run / "round_0003" / "theta.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "round_0003" / "theta.safetensors"))
+    assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_finished_run_is_not_overwritten(reference_run, capsys):
+    out, name = reference_run.parent, reference_run.name
+    assert run_cli(out, name, "--set", "rounds=3") == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_one_round_through_superlink_and_two_supernodes(tmp_path):
+    """The deployment runtime: separate SuperLink and SuperNode processes on 127.0.0.1."""
+    from plasticlm.data.sandbox import sandbox_model, sandbox_world
+    from plasticlm.fednl.deploy import LocalFederation
+
+    sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('name = "deployed"\nmodel = "sandbox-quick:receiver"\n'
+                   'data = "sandbox-quick"\nsplit = "dirichlet"\nnum_clients = 2\nrounds = 1\n'
+                   'max_train = 8\nmax_test = 4\n[method]\nname = "fednl"\nlocal_steps = 2\n'
+                   'batch_size = 2\n')
+    run_dir = tmp_path / "run"
+    with LocalFederation(tmp_path / "fed", nodes=2) as fed:
+        done = fed.run({"config": str(cfg), "run-dir": str(run_dir)}, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1]
+    assert len(records[0]["clients"]) == 2 and records[0]["bytes_up"] > 0
