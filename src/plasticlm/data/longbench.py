@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from plasticlm.data.jsonl import read_jsonl
 from plasticlm.data.records import LETTERS, LongItem
 from plasticlm.errors import PlasticError
 
@@ -37,16 +38,7 @@ def load_longbench(path: str | Path) -> list[LongItem]:
         raise PlasticError(f"LongBench file {path} does not exist")
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PlasticError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
-            out.append(_item(obj, f"{path}, line {n}"))
-        return out
+        return [_item(obj, f"{path}, line {n}") for n, obj in read_jsonl(path, "LongBench")]
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from plasticlm.data.jsonl import read_jsonl
 from plasticlm.data.records import Document
 from plasticlm.errors import PlasticError
 
@@ -282,18 +283,9 @@ def write_niah(path: str | Path, samples: Sequence[NIAHSample]) -> Path:
 
 def load_niah(path: str | Path) -> list[NIAHSample]:
     """Samples written by :func:`write_niah`; a malformed line is an error naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlasticError(f"NIAH file {path} does not exist")
     out = []
     names = {f for f in NIAHSample.__dataclass_fields__}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PlasticError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+    for n, obj in read_jsonl(path, "NIAH"):
         missing = [k for k in ("id", "task", "context", "question", "answers", "length", "depth")
                    if k not in obj]
         if missing:

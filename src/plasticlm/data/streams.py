@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from plasticlm.data.jsonl import read_jsonl
 from plasticlm.data.records import Stream
 from plasticlm.errors import PlasticError
 
@@ -20,17 +21,8 @@ def write_streams(path: str | Path, streams: Sequence[Stream]) -> Path:
 
 def load_streams(path: str | Path) -> list[Stream]:
     """Streams from a JSON-lines file; ``items`` name records (e.g. SQuAD passage titles)."""
-    path = Path(path)
-    if not path.is_file():
-        raise PlasticError(f"streams file {path} does not exist")
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PlasticError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+    for n, obj in read_jsonl(path, "streams"):
         for key, kind in (("id", str), ("kind", str), ("items", list)):
             if not isinstance(obj.get(key), kind):
                 raise PlasticError(f"{path}, line {n}: field {key!r} missing or not a "
