@@ -1,0 +1,168 @@
+"""Typed per-layer KV caches: extract them from a causal LM, inject them back (transformers 5.x).
+
+Works through ``DynamicCache`` only (no patched attention): Llama, Qwen2 and Qwen3 all keep
+``cache.layers[i].keys/.values`` as [B, kv_heads, T, head_dim], with RoPE already applied
+to the keys at the positions the tokens were run at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from plasticlm.errors import PlasticError
+
+BYTES_PER_ELEMENT_ON_WIRE = 2  # caches travel as bf16, as in the paper's 88 KB/token figure
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a model's cache looks like: depth, kv heads, head dim, and its RoPE frequencies."""
+
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    inv_freq: torch.Tensor = field(repr=False, compare=False)   # [head_dim // 2]
+    rope_scaling: float = 1.0
+
+    @property
+    def width(self) -> int:
+        """Features of one token's K (or V) in one layer: kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+
+def kv_layout(model) -> KVLayout:
+    """The :class:`KVLayout` of a Llama/Qwen2/Qwen3-style causal LM."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise PlasticError(f"model type {cfg.model_type!r} has no rotary embedding at "
+                           "model.model.rotary_emb; FedRefine supports RoPE decoders such as "
+                           "llama, qwen2 and qwen3")
+    return KVLayout(cfg.model_type, cfg.num_hidden_layers,
+                    getattr(cfg, "num_key_value_heads", None) or heads, head_dim,
+                    rotary.inv_freq.detach().float().cpu().clone(),
+                    float(getattr(rotary, "attention_scaling", 1.0)))
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer for one batch of token sequences.
+
+    ``keys[l]``/``values[l]``: [B, kv_heads, T, head_dim]; keys carry RoPE at ``positions``
+    [B, T]; ``token_ids`` [B, T] are the tokens they encode (in the owner's vocabulary);
+    ``mask`` [B, T] is 1 on real tokens (0 on padding).
+    """
+
+    layout: KVLayout
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    model_name: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys[0].shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.keys[0].shape[-1]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.keys[0].dtype
+
+    def wire_bytes(self, layers: list[int] | None = None) -> int:
+        """Bytes needed to send the real (unpadded) tokens of ``layers`` (default all) in bf16."""
+        layers = range(self.num_layers) if layers is None else sorted(set(layers))
+        tokens = int(self.mask.sum())
+        return 2 * len(layers) * tokens * self.num_kv_heads * self.head_dim * \
+            BYTES_PER_ELEMENT_ON_WIRE
+
+    def to_dynamic_cache(self):
+        """A fresh ``DynamicCache`` holding these tensors (gradients flow through them)."""
+        return build_dynamic_cache(self.keys, self.values)
+
+    def expand(self, n: int) -> KVCache:
+        """The batch-1 cache repeated ``n`` times along the batch (for scoring choices)."""
+        if self.keys[0].shape[0] != 1:
+            raise PlasticError("expand() needs a batch-1 cache")
+        return KVCache(self.layout, [k.expand(n, -1, -1, -1) for k in self.keys],
+                       [v.expand(n, -1, -1, -1) for v in self.values],
+                       self.token_ids.expand(n, -1), self.positions.expand(n, -1),
+                       self.mask.expand(n, -1), self.model_name)
+
+
+def build_dynamic_cache(keys: list[torch.Tensor], values: list[torch.Tensor]):
+    """A ``DynamicCache`` whose layer ``l`` holds ``keys[l]``/``values[l]`` [B, H, T, D]."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, layer)
+    return cache
+
+
+def positions_from_mask(mask: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+    """Position ids [B, T] that count only real tokens (left padding gets position 0)."""
+    return ((mask.cumsum(-1) - 1).clamp(min=0) + start).long()
+
+
+@torch.no_grad()
+def extract_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  model_name: str = "") -> tuple[KVCache, torch.Tensor]:
+    """Run ``model`` on ``input_ids`` [B, T] and return ``(KVCache, logits [B, T, V])``."""
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise PlasticError(f"input_ids must be [batch, tokens] with tokens > 0, got "
+                           f"{tuple(input_ids.shape)}")
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    positions = positions_from_mask(mask)
+    cache = DynamicCache()
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True)
+    cache = out.cache if getattr(out, "cache", None) is not None else cache
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    return KVCache(kv_layout(model), keys, values, input_ids, positions, mask, model_name), \
+        out.logits
+
+
+def continue_from_cache(model, cache: KVCache, input_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None = None, keys=None, values=None,
+                        start_positions: torch.Tensor | None = None):
+    """Run ``input_ids`` [B, N] after ``cache`` (or after explicit per-layer ``keys``/``values``,
+    e.g. fused ones, of the same length); returns logits [B, N, V].
+
+    Positions continue from the last real cached position unless ``start_positions`` [B]
+    says otherwise (prefix fusion runs the prompt after the prefix's positions).
+    """
+    device = next(model.parameters()).device
+    keys = cache.keys if keys is None else keys
+    values = cache.values if values is None else values
+    input_ids = input_ids.to(device)
+    new_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    full_mask = torch.cat([cache.mask.to(device), new_mask], dim=1)
+    if start_positions is None:
+        start_positions = cache.mask.sum(-1).to(device)
+    positions = start_positions[:, None] + (new_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions.long(),
+                cache=build_dynamic_cache(keys, values), use_cache=True)
+    return out.logits

@@ -1,0 +1,293 @@
+"""``plasticlm refine experiment``: accuracy, time to first token, latency and bytes per mode.
+
+Sandbox: the receiver answers multiple-choice questions whose facts only the specialist
+learned; fusers train on the specialist questions of the dev and val splits and are
+evaluated on the test split. Real: MMLU CSVs with any HF checkpoints (fusers train on one
+split and are evaluated on another). Writes ``report.json``, ``table.md``, ``metrics.jsonl``
+and plots into the run folder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from plasticlm.errors import PlasticError
+from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.modes import FedRefine, Link, Peer, RefineConfig
+from plasticlm.refine.rephrase import rephrase
+from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
+
+# The paper's numbers (FedRefine, methods.md section 2), set beside ours in the report.
+PAPER = {
+    "multi_all_vs_alone_pct": 21.2,
+    "private_vs_nonprivate_pct": -3.0,
+    "c2c_vs_t2t_pct": 15.0,
+    "cache_bytes_per_token": 88 * 1024,
+    "text_bytes_per_token": 16,
+}
+
+
+@dataclass
+class ExperimentConfig:
+    """Which models, which questions, which modes; fusers train with ``fuser``."""
+
+    receiver: str = "sandbox:receiver"
+    transmitters: tuple[str, ...] = ("sandbox:specialist", "sandbox:transmitter-llama",
+                                     "sandbox:transmitter-qwen2")
+    mmlu: str = ""                    # empty: the sandbox world of the receiver's preset
+    subjects: tuple[str, ...] = ()
+    train_splits: tuple[str, ...] = ("dev", "val")
+    eval_splits: tuple[str, ...] = ("test",)
+    max_train: int = 0                # 0 = all
+    max_eval: int = 0
+    fuser: FuserTrainConfig = field(default_factory=FuserTrainConfig)
+    private_rank: int = 32
+    private_draft_tokens: int = 2     # see FuserConfig.draft_tokens
+    rounds: int = 1
+    t2t_max_new_tokens: int = 8
+    fusers_from: str = ""            # a previous run folder whose fusers/ to reuse
+    out: str = ""                     # run folder (default runs/refine-<time>)
+    seed: int = 0
+    progress: bool = True
+
+
+def resolve_model(spec: str) -> tuple[str, Path | str]:
+    """``sandbox:NAME`` / ``quick:NAME`` (pre-trained sandbox models) or a path / hub id."""
+    if ":" in spec and spec.split(":", 1)[0] in ("sandbox", "quick"):
+        from plasticlm.data.sandbox import sandbox_model
+
+        preset, name = spec.split(":", 1)
+        return name, sandbox_model(name, preset)
+    return Path(spec).name or spec, spec
+
+
+def load_peer(spec: str) -> Peer:
+    from plasticlm.models import load_causal_lm
+
+    name, path = resolve_model(spec)
+    model, tok = load_causal_lm(path, dtype="float32")
+    return Peer(name, model, tok)
+
+
+def load_questions(cfg: ExperimentConfig):
+    """(train questions, eval questions, prompt function)."""
+    from plasticlm.data.mmlu import load_mmlu
+
+    if cfg.mmlu:
+        folder, prompt = Path(cfg.mmlu), "Question: {}\nAnswer:".format
+    else:
+        from plasticlm.data.sandbox import sandbox_world
+        from plasticlm.data.world import mc_prompt
+
+        preset = cfg.receiver.split(":", 1)[0]
+        if preset not in ("sandbox", "quick"):
+            raise PlasticError("without --mmlu the receiver must be a sandbox model "
+                               "(sandbox:NAME or quick:NAME)")
+        folder, prompt = sandbox_world(preset) / "specialist_mmlu", mc_prompt
+    subjects = list(cfg.subjects) or None
+    train = [q for s in cfg.train_splits for q in load_mmlu(folder, s, subjects)]
+    test = [q for s in cfg.eval_splits for q in load_mmlu(folder, s, subjects)]
+    if set(cfg.train_splits) & set(cfg.eval_splits):
+        raise PlasticError(f"train splits {cfg.train_splits} and eval splits {cfg.eval_splits} "
+                           "overlap: evaluate on questions the fusers never saw")
+    if cfg.max_train:
+        train = train[: cfg.max_train]
+    if cfg.max_eval:
+        test = test[: cfg.max_eval]
+    return train, test, prompt
+
+
+def _fuser(run: Path, name: str, reuse: Path | None, make) -> Fuser:
+    if reuse is not None and (reuse / "fusers" / name).is_dir():
+        return Fuser.from_pretrained(reuse / "fusers" / name)
+    fuser = make()
+    fuser.save_pretrained(run / "fusers" / name)
+    return fuser
+
+
+def run_experiment(cfg: ExperimentConfig) -> dict:
+    """Train the fusers, evaluate every mode, write the report; returns it."""
+    from dataclasses import replace
+
+    from plasticlm.runs import RunDir, seed_everything
+
+    seed_everything(cfg.seed)
+    torch.set_grad_enabled(True)
+    run = RunDir(Path(cfg.out) if cfg.out else Path("runs") / f"refine-{int(time.time())}")
+    run.write_json("config.json", cfg)
+    t_start = time.time()
+    receiver = load_peer(cfg.receiver)
+    peers = [load_peer(t) for t in cfg.transmitters]
+    if not peers:
+        raise PlasticError("give at least one transmitter")
+    train_q, test_q, prompt_fn = load_questions(cfg)
+    reuse = Path(cfg.fusers_from) if cfg.fusers_from else None
+    examples = make_examples(train_q, prompt_fn)
+    fusers, train_log = [], {}
+
+    def trainer(r, t, examples, fcfg, tag):
+        def make():
+            t0 = time.time()
+            f, losses = train_fuser(r, t, examples, fcfg, progress=cfg.progress,
+                                    log=lambda **m: run.log(fuser=tag, **m))
+            train_log[tag] = {"seconds": round(time.time() - t0, 1), "steps": len(losses),
+                              "first_loss": round(sum(losses[:20]) / len(losses[:20]), 4),
+                              "last_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4)}
+            return f
+        return make
+
+    aligned = replace(cfg.fuser, mode="aligned", private=False)
+    for t in peers:
+        fusers.append(_fuser(run.path, f"{t.name}-to-{receiver.name}", reuse,
+                             trainer(receiver, t, examples, aligned, t.name)))
+    private_cfg = replace(cfg.fuser, mode="prefix", private=True, rank=cfg.private_rank,
+                          draft_tokens=cfg.private_draft_tokens)
+    private_examples = make_examples(train_q, prompt_fn, private=True)
+    private = _fuser(run.path, f"{peers[0].name}-to-{receiver.name}-private", reuse,
+                     trainer(receiver, peers[0], private_examples, private_cfg,
+                             f"{peers[0].name}-private"))
+    reverse = _fuser(run.path, f"{receiver.name}-to-{peers[0].name}", reuse,
+                     trainer(peers[0], receiver, examples, aligned, f"reverse-{peers[0].name}"))
+
+    base = RefineConfig(rounds=cfg.rounds, t2t_max_new_tokens=cfg.t2t_max_new_tokens)
+    links = [Link(p, f) for p, f in zip(peers, fusers)]
+    systems = {
+        "main": FedRefine(receiver, links, base, reverse_fuser=reverse),
+        "sequence": FedRefine(receiver, links, replace(base, order="sequence")),
+        "private": FedRefine(receiver, [Link(peers[0], private)], replace(base, private=True)),
+        "t2t-private": FedRefine(receiver, links[:1], replace(base, private=True)),
+        "specialist": FedRefine(peers[0]),
+    }
+    rows = [("alone", "main", "alone", None), ("transmitter-0 alone", "specialist", "alone", None),
+            ("t2t", "main", "t2t", 1), ("c2c", "main", "c2c", 1),
+            ("c2c private (prefix, rephrased)", "private", "c2c", 1),
+            ("t2t private (rephrased)", "t2t-private", "t2t", 1)]
+    for i, p in enumerate(peers[1:], 1):
+        systems[f"only-{i}"] = FedRefine(receiver, [links[i]], base)
+        rows.append((f"c2c via {p.name} only", f"only-{i}", "c2c", 1))
+    for n in range(2, len(peers) + 1):
+        rows.append((f"multi x{n} (parallel)", "main", "multi", n))
+    if len(peers) > 1:
+        rows.append((f"multi x{len(peers)} (sequence)", "sequence", "multi", len(peers)))
+        rows.append((f"t2t x{len(peers)}", "main", "t2t", len(peers)))
+    rows.append(("co-c2c", "main", "co-c2c", 1))
+
+    results = {}
+    for label, system, mode, n in tqdm(rows, desc="modes", disable=not cfg.progress):
+        fr = systems[system]
+        correct, partner, ttft, lat, wire = [], [], [], [], []
+        for q in test_q:
+            s = fr.score(prompt_fn(q.question), list(q.choices), mode, n)
+            correct.append(s.choice == q.answer_index)
+            ttft.append(s.ttft)
+            lat.append(s.latency)
+            wire.append(s.wire_bytes)
+            if s.partner_choice is not None:
+                partner.append(s.partner_choice == q.answer_index)
+        entry = {"mode": mode, "transmitters": n or 0, "accuracy": sum(correct) / len(correct),
+                 "n": len(correct), "ttft_ms": 1000 * sum(ttft) / len(ttft),
+                 "latency_ms": 1000 * sum(lat) / len(lat), "wire_bytes": sum(wire) / len(wire)}
+        if partner:
+            entry["partner_accuracy"] = sum(partner) / len(partner)
+        results[label] = entry
+        run.log(row=label, **entry)
+
+    r_params = sum(p.numel() for p in receiver.model.parameters())
+    sizes = {f.config.transmitter_name: {"fuser_parameters": f.num_parameters(),
+                                         "ratio_to_receiver": f.num_parameters() / r_params}
+             for f in fusers}
+    sizes["private"] = {"fuser_parameters": private.num_parameters(),
+                        "ratio_to_receiver": private.num_parameters() / r_params}
+    a = results["alone"]["accuracy"]
+    all_label = f"multi x{len(peers)} (parallel)" if len(peers) > 1 else "c2c"
+    ours = {"multi_all_vs_alone_pp": 100 * (results[all_label]["accuracy"] - a),
+            "c2c_vs_alone_pp": 100 * (results["c2c"]["accuracy"] - a),
+            "private_vs_nonprivate_pp": 100 * (results["c2c private (prefix, rephrased)"]
+                                               ["accuracy"] - results["c2c"]["accuracy"]),
+            "c2c_vs_t2t_pp": 100 * (results["c2c"]["accuracy"] - results["t2t"]["accuracy"]),
+            "c2c_vs_t2t_latency_ratio": results["c2c"]["latency_ms"]
+            / max(1e-9, results["t2t"]["latency_ms"])}
+    leak = _leakage(peers[0], [prompt_fn(q.question) for q in test_q], fusers[0])
+    report = {"receiver": receiver.name, "receiver_parameters": r_params,
+              "transmitters": [p.name for p in peers], "n_train": len(train_q),
+              "n_eval": len(test_q), "results": results, "fuser_sizes": sizes,
+              "fuser_training": train_log, "ours_vs_paper": {"ours": ours, "paper": PAPER},
+              "leakage": leak, "seconds": round(time.time() - t_start, 1)}
+    run.write_json("report.json", report)
+    (run.path / "table.md").write_text(markdown_table(report))
+    plot_report(report, run.path)
+    return report
+
+
+def _leakage(peer: Peer, prompts: list[str], fuser: Fuser) -> dict:
+    from dataclasses import asdict
+
+    from plasticlm.refine.leakage import measure_leakage
+
+    layer = min(fuser.transmitter_layers_read)
+    rephrased = [rephrase(p)[0] for p in prompts]
+    return asdict(measure_leakage(peer.model, peer.tokenizer, prompts, rephrased, layer))
+
+
+def markdown_table(report: dict) -> str:
+    """The mode table (accuracy, time to first token, latency, bytes) as Markdown."""
+    lines = ["| mode | accuracy | TTFT ms | latency ms | bytes on the wire |",
+             "|---|---|---|---|---|"]
+    for label, e in report["results"].items():
+        acc = f"{100 * e['accuracy']:.1f}%"
+        if "partner_accuracy" in e:
+            acc += f" (partner {100 * e['partner_accuracy']:.1f}%)"
+        lines.append(f"| {label} | {acc} | {e['ttft_ms']:.1f} | {e['latency_ms']:.1f} | "
+                     f"{e['wire_bytes']:.0f} |")
+    ours, paper = report["ours_vs_paper"]["ours"], report["ours_vs_paper"]["paper"]
+    lines += ["", "| comparison | ours | paper |", "|---|---|---|",
+              f"| all transmitters vs alone | {ours['multi_all_vs_alone_pp']:+.1f} pp | "
+              f"+{paper['multi_all_vs_alone_pct']}% |",
+              f"| private vs non-private | {ours['private_vs_nonprivate_pp']:+.1f} pp | "
+              f"{paper['private_vs_nonprivate_pct']}% |",
+              f"| C2C vs T2T accuracy | {ours['c2c_vs_t2t_pp']:+.1f} pp | "
+              f"+{paper['c2c_vs_t2t_pct']}% |",
+              f"| C2C / T2T latency | {ours['c2c_vs_t2t_latency_ratio']:.2f}x | "
+              "much lower |"]
+    leak = report.get("leakage")
+    if leak:
+        lines += ["", f"Leakage (layer {leak['layer']} inversion, token recall of the original "
+                  f"prompt): raw {100 * leak['raw_recall']:.1f}%, rephrased "
+                  f"{100 * leak['rephrased_recall']:.1f}% (n={leak['n']})."]
+    sizes = report["fuser_sizes"]
+    lines += ["", "| fuser | parameters | / receiver |", "|---|---|---|"]
+    lines += [f"| {k} | {v['fuser_parameters']:,} | {100 * v['ratio_to_receiver']:.2f}% |"
+              for k, v in sizes.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: dict, folder: Path) -> list[Path]:
+    """Bar charts of accuracy and latency per mode (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(report["results"])
+    paths = []
+    for key, title, scale, name in (("accuracy", "accuracy", 100, "accuracy.png"),
+                                    ("latency_ms", "latency per answer (ms)", 1, "latency.png"),
+                                    ("wire_bytes", "bytes on the wire per answer", 1,
+                                     "bytes.png")):
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.2))
+        ax.barh(labels, [scale * report["results"][k][key] for k in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel(title)
+        if key == "wire_bytes":
+            ax.set_xscale("symlog")
+        fig.tight_layout()
+        path = folder / name
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,98 @@
+"""How much of a prompt an attacker recovers from a shared KV cache.
+
+Threat model: the attacker holds the transmitter's weights and sees the cache on the wire
+(only the layers the fuser reads). Attack: nearest-neighbour inversion of the earliest
+shared layer. For every vocabulary token the attacker computes that layer's (de-rotated) key
+and value of the token right after BOS, then labels each shared position with the token
+whose features are closest in cosine. At layer 0 a token's K and V depend on the token
+alone, so the inversion of an un-rephrased prompt is exact; rephrasing is what hides words.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from plasticlm.refine.align import derotate
+from plasticlm.refine.cache import KVCache, extract_cache
+
+
+def _features(cache: KVCache, layer: int) -> torch.Tensor:
+    """Per position, concat(de-rotated K, V) of ``layer``, L2-normalised: [B, T, 2*H*D]."""
+    k = derotate(cache.keys[layer].float(), cache.layout.inv_freq, cache.positions,
+                 cache.layout.rope_scaling)
+    v = cache.values[layer].float()
+    b, _, t, _ = k.shape
+    x = torch.cat([k, v], dim=1).permute(0, 2, 1, 3).reshape(b, t, -1)
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+@torch.no_grad()
+def vocabulary_table(model, tokenizer, layer: int, batch_size: int = 256) -> torch.Tensor:
+    """The attacker's table: features of every token id at position 1 after BOS, [V, F]."""
+    bos = tokenizer.bos_token_id
+    vocab = model.get_input_embeddings().weight.shape[0]
+    rows = []
+    for start in range(0, vocab, batch_size):
+        ids = torch.arange(start, min(vocab, start + batch_size))[:, None]
+        seq = torch.cat([torch.full_like(ids, bos), ids], 1) if bos is not None else ids
+        cache, _ = extract_cache(model, seq)
+        rows.append(_features(cache, layer)[:, -1])
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def invert_cache(cache: KVCache, table: torch.Tensor, layer: int, skip: int = 1
+                 ) -> list[list[int]]:
+    """Recovered token ids per real position of each row (the first ``skip``, BOS, dropped)."""
+    feats = _features(cache, layer)
+    best = (feats @ table.to(feats.device).T).argmax(-1)
+    out = []
+    for row in range(best.shape[0]):
+        real = cache.mask[row].bool().tolist()
+        out.append([int(t) for t, keep in zip(best[row].tolist(), real) if keep][skip:])
+    return out
+
+
+def token_recall(original: list[int], recovered: list[int]) -> float:
+    """Share of the original tokens (as a multiset) present among the recovered ones."""
+    if not original:
+        return 0.0
+    hit = Counter(original) & Counter(recovered)
+    return sum(hit.values()) / len(original)
+
+
+@dataclass
+class LeakageResult:
+    """Mean token recall of original prompts from caches of raw and of rephrased prompts."""
+
+    layer: int
+    raw_recall: float
+    rephrased_recall: float
+    raw_exact: float              # share of prompts recovered token for token
+    n: int
+
+
+@torch.no_grad()
+def measure_leakage(model, tokenizer, prompts: list[str], rephrased: list[str], layer: int = 0
+                    ) -> LeakageResult:
+    """Attack the transmitter's caches of ``prompts`` and of their ``rephrased`` versions;
+    recall is always measured against the original prompt's tokens."""
+    from plasticlm.eval import encode_with_bos
+
+    table = vocabulary_table(model, tokenizer, layer)
+    skip = 1 if tokenizer.bos_token_id is not None else 0
+    raw, reph, exact = [], [], []
+    for p, r in zip(prompts, rephrased, strict=True):
+        orig = encode_with_bos(tokenizer, p)[skip:]
+        for text, sink in ((p, raw), (r, reph)):
+            ids = encode_with_bos(tokenizer, text)
+            cache, _ = extract_cache(model, torch.tensor([ids]))
+            got = invert_cache(cache, table, layer, skip)[0]
+            sink.append(token_recall(orig, got))
+            if text is p:
+                exact.append(float(got == orig))
+    n = len(prompts)
+    return LeakageResult(layer, sum(raw) / n, sum(reph) / n, sum(exact) / n, n)

@@ -1,0 +1,433 @@
+"""Inference modes of FedRefine behind one API: alone, t2t, c2c, multi and co-c2c.
+
+Every mode first *prepares* the receiver's state for a prompt (a KV cache, fused or not, and
+the receiver tokens still to run), then scores answer choices or decodes from it. Aligned
+fusion follows C2C: receiver prefill, transmitter prefill, fusion into the receiver cache,
+then the last prompt token runs on the fused cache (with ``fuse_last``, the default, the
+cache covers the whole prompt and the last token runs again at its own position; C2C stops
+the cache one token earlier). Prefix fusion
+(the private mode: transmitters encode a rephrased prompt) puts the projected transmitter
+cache after the receiver's BOS and runs the prompt after it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from plasticlm.errors import PlasticError
+from plasticlm.refine.align import align_tokens
+from plasticlm.refine.cache import (
+    BYTES_PER_ELEMENT_ON_WIRE,
+    KVCache,
+    build_dynamic_cache,
+    continue_from_cache,
+    extract_cache,
+    kv_layout,
+)
+from plasticlm.refine.fuser import Fuser, concat_caches, stack_prefixes
+from plasticlm.refine.rephrase import rephrase
+
+MODES = ("alone", "t2t", "c2c", "multi", "co-c2c")
+ORDERS = ("parallel", "sequence")
+
+
+@dataclass
+class Peer:
+    """One device's LLM."""
+
+    name: str
+    model: object
+    tokenizer: object
+
+    @property
+    def layout(self):
+        return kv_layout(self.model)
+
+
+@dataclass
+class Link:
+    """A transmitter and the fuser that carries its cache into the receiver."""
+
+    peer: Peer
+    fuser: Fuser
+
+
+@dataclass
+class RefineConfig:
+    """How the modes run (defaults follow C2C and the paper)."""
+
+    private: bool = False          # transmitters encode a rephrased prompt (needs prefix fusers)
+    order: str = "parallel"        # multi: fuse all transmitters on the receiver's own cache
+                                   # (parallel) or each on the result of the previous (sequence)
+    rounds: int = 1                # co-c2c exchanges
+    t2t_max_new_tokens: int = 12
+    t2t_template: str = "{prompt}{background}\n{prompt}"
+
+
+@dataclass
+class Prepared:
+    """The receiver's state for one prompt, ready to score from or decode from."""
+
+    cache: KVCache
+    tail: list[int]                # receiver tokens to run on the cache (their last predicts)
+    prompt_ids: list[int]
+    wire_bytes: int = 0
+    seconds: float = 0.0
+    background: list[str] = field(default_factory=list)
+    rephrased: list[str] = field(default_factory=list)
+    start: int | None = None       # position of tail[0] (None: right after the cache)
+
+
+@dataclass
+class Scored:
+    """Choice scores (summed log-probs) of one question in one mode, with its costs."""
+
+    scores: list[float]
+    choice: int
+    ttft: float
+    latency: float
+    wire_bytes: int
+    partner_scores: list[float] | None = None   # co-c2c: the other model's refined answer
+    partner_choice: int | None = None
+
+
+@dataclass
+class Answer:
+    text: str
+    ttft: float
+    latency: float
+    wire_bytes: int
+    background: list[str] = field(default_factory=list)
+    rephrased: list[str] = field(default_factory=list)
+    partner_text: str | None = None
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    from plasticlm.eval import encode_with_bos
+
+    ids = encode_with_bos(tokenizer, text)
+    if len(ids) < 2:
+        raise PlasticError(f"prompt {text!r} is too short: it needs at least two tokens")
+    return ids
+
+
+def _row(ids: list[int]) -> torch.Tensor:
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def _cache_bytes(fuser: Fuser, tokens: int) -> int:
+    c = fuser.config
+    return 2 * len(fuser.transmitter_layers_read) * tokens * c.transmitter_kv_heads * \
+        c.transmitter_head_dim * BYTES_PER_ELEMENT_ON_WIRE
+
+
+def _slice(cache: KVCache, end: int) -> KVCache:
+    return KVCache(cache.layout, [k[:, :, :end] for k in cache.keys],
+                   [v[:, :, :end] for v in cache.values], cache.token_ids[:, :end],
+                   cache.positions[:, :end], cache.mask[:, :end], cache.model_name)
+
+
+class FedRefine:
+    """A receiver with its transmitter links (and, for co-c2c, the fuser back to partner 0).
+
+    >>> fr = FedRefine(receiver, [Link(specialist, fuser)])            # doctest: +SKIP
+    >>> fr.score("Q: Which organ does Ofloxin act on? A:", choices, "c2c").choice
+    """
+
+    def __init__(self, receiver: Peer, links: list[Link] = (), config: RefineConfig | None = None,
+                 reverse_fuser: Fuser | None = None, rephraser: Peer | None = None):
+        self.receiver = receiver
+        self.links = list(links)
+        self.config = config or RefineConfig()
+        self.reverse_fuser = reverse_fuser
+        self.rephraser = rephraser
+        if self.config.order not in ORDERS:
+            raise PlasticError(f"unknown order {self.config.order!r}; use one of {ORDERS}")
+        for link in self.links:
+            link.fuser.check(receiver.layout, link.peer.layout)
+
+    # -- preparing the receiver's state ------------------------------------------------------
+
+    def _links_for(self, mode: str, n: int | None) -> list[Link]:
+        if mode in ("alone",):
+            return []
+        if not self.links:
+            raise PlasticError(f"mode {mode!r} needs at least one transmitter (none given)")
+        if mode in ("c2c", "co-c2c"):
+            return self.links[:1]
+        return self.links[: n or len(self.links)]
+
+    def _alone(self, prompt: str) -> Prepared:
+        ids = _ids(self.receiver.tokenizer, prompt)
+        cache, _ = extract_cache(self.receiver.model, _row(ids[:-1]), model_name=self.receiver.name)
+        return Prepared(cache, ids[-1:], ids)
+
+    def _transmit_text(self, prompt: str) -> str:
+        if not self.config.private:
+            return prompt
+        r = self.rephraser
+        return rephrase(prompt, r.model if r else None, r.tokenizer if r else None)[0]
+
+    def prepare(self, prompt: str, mode: str = "c2c", n_transmitters: int | None = None
+                ) -> Prepared:
+        """The receiver's state for ``prompt`` in ``mode`` (co-c2c: see :meth:`co_prepare`)."""
+        if mode not in MODES:
+            raise PlasticError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        t0 = time.perf_counter()
+        links = self._links_for(mode, n_transmitters)
+        if mode == "co-c2c":
+            prep = self.co_prepare(prompt)[0]
+        elif mode == "alone":
+            prep = self._alone(prompt)
+        elif mode == "t2t":
+            prep = self._t2t(prompt, links)
+        else:
+            prep = self._fused(prompt, links)
+        prep.seconds = time.perf_counter() - t0
+        return prep
+
+    def _t2t(self, prompt: str, links: list[Link]) -> Prepared:
+        from plasticlm.eval import generate_texts
+
+        text = self._transmit_text(prompt)
+        backgrounds = [generate_texts(link.peer.model, link.peer.tokenizer, [text],
+                                      self.config.t2t_max_new_tokens, stop=("\n",))[0]
+                       for link in links]
+        full = prompt
+        for bg in backgrounds:
+            full = self.config.t2t_template.format(prompt=full, background=bg)
+        prep = self._alone(full)
+        prep.background = backgrounds
+        prep.rephrased = [text] if self.config.private else []
+        prep.wire_bytes = sum(len(text.encode()) + len(bg.encode()) for bg in backgrounds)
+        return prep
+
+    def _fused(self, prompt: str, links: list[Link]) -> Prepared:
+        modes = {link.fuser.config.mode for link in links}
+        if len(modes) > 1:
+            raise PlasticError("all transmitters' fusers must use the same fusion mode "
+                               f"(got {sorted(modes)})")
+        if "prefix" in modes:
+            return self._prefix(prompt, links)
+        if self.config.private:
+            raise PlasticError("private mode shares caches of a rephrased prompt, which only "
+                               "prefix fusers can read; train fusers with mode=prefix")
+        r = self.receiver
+        ids = _ids(r.tokenizer, prompt)
+        fuse_last = links[0].fuser.config.fuse_last
+        if any(link.fuser.config.fuse_last != fuse_last for link in links):
+            raise PlasticError("all aligned fusers must agree on fuse_last")
+        n_fused = len(ids) if fuse_last else len(ids) - 1
+        own, _ = extract_cache(r.model, _row(ids[:n_fused]), model_name=r.name)
+        fused, wire = own, 0
+        for link in links:
+            al = align_tokens(r.tokenizer, link.peer.tokenizer, prompt)
+            if al.receiver_ids != ids:
+                raise PlasticError("receiver tokens differ between alignment and prompt "
+                                   "encoding; the tokenizer is not deterministic")
+            t_cache, _ = extract_cache(link.peer.model, _row(al.transmitter_ids),
+                                       model_name=link.peer.name)
+            index = torch.tensor([al.index[:n_fused]])
+            base = own if self.config.order == "parallel" else fused
+            out = link.fuser.fuse_aligned(base, t_cache, index)
+            if self.config.order == "parallel":
+                delta_k = [a - b for a, b in zip(out.keys, own.keys)]
+                delta_v = [a - b for a, b in zip(out.values, own.values)]
+                fused = KVCache(fused.layout, [k + d for k, d in zip(fused.keys, delta_k)],
+                                [v + d for v, d in zip(fused.values, delta_v)], fused.token_ids,
+                                fused.positions, fused.mask, fused.model_name)
+            else:
+                fused = out
+            wire += len(prompt.encode()) + _cache_bytes(link.fuser, len(al.transmitter_ids))
+        return Prepared(fused, ids[-1:], ids, wire, start=len(ids) - 1)
+
+    def _prefix(self, prompt: str, links: list[Link]) -> Prepared:
+        r = self.receiver
+        ids = _ids(r.tokenizer, prompt)
+        has_bos = r.tokenizer.bos_token_id is not None and ids[0] == r.tokenizer.bos_token_id
+        text = self._transmit_text(prompt)
+        start = 1 if has_bos else 0
+        prefixes, wire = [], 0
+        for link in links:
+            t_ids = transmitter_ids(link.peer, text, link.fuser.config.draft_tokens)
+            t_cache, _ = extract_cache(link.peer.model, _row(t_ids), model_name=link.peer.name)
+            p = link.fuser.prefix(t_cache, r.layout, start=start)
+            prefixes.append(p)
+            start += p.length
+            wire += len(text.encode()) + _cache_bytes(link.fuser, p.length)
+        state = stack_prefixes(prefixes)
+        if has_bos:
+            bos, _ = extract_cache(r.model, _row(ids[:1]), model_name=r.name)
+            state = concat_caches(bos, state)
+        return Prepared(state, ids[1:] if has_bos else ids, ids, wire,
+                        rephrased=[text] if self.config.private else [])
+
+    def co_prepare(self, prompt: str) -> tuple[Prepared, Prepared]:
+        """Co-C2C: receiver and partner 0 refine each other over ``config.rounds`` exchanges
+        (aligned fusers both ways); returns both prepared states (receiver's first)."""
+        if not self.links or self.reverse_fuser is None:
+            raise PlasticError("co-c2c needs a transmitter and the reverse fuser (receiver -> "
+                               "transmitter); pass reverse_fuser")
+        if self.config.private:
+            raise PlasticError("co-c2c exchanges aligned caches; it has no private variant")
+        a, link = self.receiver, self.links[0]
+        b, f_ba, f_ab = link.peer, link.fuser, self.reverse_fuser
+        if "prefix" in (f_ba.config.mode, f_ab.config.mode):
+            raise PlasticError("co-c2c needs aligned fusers in both directions")
+        f_ab.check(b.layout, a.layout)
+        t0 = time.perf_counter()
+        al_ab = align_tokens(a.tokenizer, b.tokenizer, prompt)   # A's positions read B's
+        al_ba = align_tokens(b.tokenizer, a.tokenizer, prompt)
+        a_full, _ = extract_cache(a.model, _row(al_ab.receiver_ids), model_name=a.name)
+        b_full, _ = extract_cache(b.model, _row(al_ba.receiver_ids), model_name=b.name)
+        cut_a = a_full.length - (0 if f_ba.config.fuse_last else 1)
+        cut_b = b_full.length - (0 if f_ab.config.fuse_last else 1)
+        a_own, b_own = _slice(a_full, cut_a), _slice(b_full, cut_b)
+        idx_ab, idx_ba = torch.tensor([al_ab.index[:cut_a]]), torch.tensor([al_ba.index[:cut_b]])
+        a_send, b_send, wire = a_full, b_full, 0
+        for _ in range(max(1, self.config.rounds)):
+            a_new = f_ba.fuse_aligned(a_own, b_send, idx_ab)
+            b_new = f_ab.fuse_aligned(b_own, a_send, idx_ba)
+            wire += _cache_bytes(f_ba, b_send.length) + _cache_bytes(f_ab, a_send.length)
+            a_send, b_send = a_new, b_new
+        seconds = time.perf_counter() - t0
+        ids_a, ids_b = al_ab.receiver_ids, al_ba.receiver_ids
+        wire += len(prompt.encode())
+        return (Prepared(a_send, ids_a[-1:], ids_a, wire, seconds, start=len(ids_a) - 1),
+                Prepared(b_send, ids_b[-1:], ids_b, wire, seconds, start=len(ids_b) - 1))
+
+    # -- using the state ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def score(self, prompt: str, choices: list[str], mode: str = "c2c",
+              n_transmitters: int | None = None) -> Scored:
+        """Sum log-prob of each `` <choice>`` after ``prompt``, with time to first token
+        (state ready + the forward that yields the first answer token), latency and bytes."""
+        t0 = time.perf_counter()
+        if mode == "co-c2c":
+            prep, partner = self.co_prepare(prompt)
+        else:
+            prep, partner = self.prepare(prompt, mode, n_transmitters), None
+        model = self.receiver.model
+        continue_from_cache(model, prep.cache, _row(prep.tail), start_positions=_start(prep))
+        ttft = time.perf_counter() - t0
+        scores = score_choices(model, self.receiver.tokenizer, prep, prompt, choices)
+        out = Scored(scores, _argmax(scores), ttft, 0.0, prep.wire_bytes)
+        if partner is not None:
+            b = self.links[0].peer
+            out.partner_scores = score_choices(b.model, b.tokenizer, partner, prompt, choices)
+            out.partner_choice = _argmax(out.partner_scores)
+        out.latency = time.perf_counter() - t0
+        return out
+
+    @torch.no_grad()
+    def ask(self, prompt: str, mode: str = "c2c", max_new_tokens: int = 24,
+            n_transmitters: int | None = None, stop: tuple[str, ...] = ("\n",)) -> Answer:
+        """Greedy answer text to ``prompt`` in ``mode``, with its costs."""
+        t0 = time.perf_counter()
+        if mode == "co-c2c":
+            prep, partner = self.co_prepare(prompt)
+        else:
+            prep, partner = self.prepare(prompt, mode, n_transmitters), None
+        text, first = greedy_decode(self.receiver.model, self.receiver.tokenizer, prep,
+                                    max_new_tokens, stop)
+        answer = Answer(text, first - t0, time.perf_counter() - t0, prep.wire_bytes,
+                        prep.background, prep.rephrased)
+        if partner is not None:
+            b = self.links[0].peer
+            answer.partner_text = greedy_decode(b.model, b.tokenizer, partner, max_new_tokens,
+                                                stop)[0]
+        return answer
+
+
+@torch.no_grad()
+def transmitter_ids(peer: Peer, text: str, draft_tokens: int = 0) -> list[int]:
+    """The transmitter's tokens of ``text`` (one BOS), followed by up to ``draft_tokens``
+    greedy tokens of its own (stopping at EOS)."""
+    ids = _ids(peer.tokenizer, text)
+    if draft_tokens <= 0:
+        return ids
+    device = next(peer.model.parameters()).device
+    pad = peer.tokenizer.pad_token_id
+    out = peer.model.generate(input_ids=_row(ids).to(device), max_new_tokens=draft_tokens,
+                              do_sample=False, pad_token_id=pad if pad is not None else 0,
+                              eos_token_id=peer.tokenizer.eos_token_id)
+    new = out[0, len(ids):].tolist()
+    eos = peer.tokenizer.eos_token_id
+    return ids + (new[: new.index(eos)] if eos in new else new)
+
+
+def _start(prep: Prepared, batch: int = 1) -> torch.Tensor | None:
+    return None if prep.start is None else torch.full((batch,), prep.start)
+
+
+def _argmax(xs: list[float]) -> int:
+    return max(range(len(xs)), key=xs.__getitem__)
+
+
+def continuation_ids(tokenizer, prompt_ids: list[int], prompt: str, piece: str) -> list[int]:
+    """Token ids that ``piece`` adds after ``prompt`` when both are encoded as one text."""
+    from plasticlm.eval import encode_with_bos
+
+    full = encode_with_bos(tokenizer, prompt + piece)
+    if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+        return full[len(prompt_ids):]
+    ids = list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise PlasticError(f"answer choice {piece!r} encodes to no tokens")
+    return ids
+
+
+def score_choices(model, tokenizer, prep: Prepared, prompt: str, choices: list[str]
+                  ) -> list[float]:
+    """Summed log-prob of `` <choice>`` for each choice, all in one batch on ``prep``'s state."""
+    from plasticlm.eval import pad_batch, pad_id_of
+
+    conts = [continuation_ids(tokenizer, prep.prompt_ids, prompt, " " + c.strip())
+             for c in choices]
+    ids, mask = pad_batch([prep.tail + c for c in conts], pad_id_of(tokenizer))
+    logits = continue_from_cache(model, prep.cache.expand(len(conts)), ids, mask,
+                                 start_positions=_start(prep, len(conts))).float()
+    logp = logits.log_softmax(-1)
+    out = []
+    n = len(prep.tail)
+    for i, c in enumerate(conts):
+        rows = logp[i, n - 1: n - 1 + len(c)]
+        out.append(float(rows.gather(-1, torch.tensor(c)[:, None].to(rows.device)).sum()))
+    return out
+
+
+def greedy_decode(model, tokenizer, prep: Prepared, max_new_tokens: int,
+                  stop: tuple[str, ...] = ()) -> tuple[str, float]:
+    """Greedy continuation after ``prep``; returns ``(text, perf_counter time of token 1)``."""
+    from plasticlm.eval import cut_at_stop
+
+    device = next(model.parameters()).device
+    cache = build_dynamic_cache(prep.cache.keys, prep.cache.values)
+    mask = prep.cache.mask.to(device)
+    pos = int(prep.cache.mask.sum()) if prep.start is None else prep.start
+    ids = _row(prep.tail).to(device)
+    new: list[int] = []
+    first = None
+    eos = tokenizer.eos_token_id
+    for _ in range(max_new_tokens):
+        mask = torch.cat([mask, torch.ones_like(ids)], 1)
+        positions = torch.arange(pos, pos + ids.shape[1], device=device)[None]
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True)
+        cache = out.cache
+        pos += ids.shape[1]
+        nxt = int(out.logits[0, -1].argmax())
+        first = first or time.perf_counter()
+        if nxt == eos:
+            break
+        new.append(nxt)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        if any(s in text for s in stop):
+            break
+        ids = torch.tensor([[nxt]], device=device)
+    text = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stop)
+    return text, first or time.perf_counter()

@@ -1,0 +1,197 @@
+"""Training a fuser: both LLMs frozen, receiver next-token cross-entropy on answer tokens.
+
+Because both models are frozen, their caches of every training prompt are computed once;
+each step then costs one fuser pass and one receiver forward over the answer tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from plasticlm.errors import PlasticError
+from plasticlm.refine.align import align_tokens
+from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache
+from plasticlm.refine.fuser import Fuser, concat_caches
+from plasticlm.refine.modes import Peer, _ids, _row, continuation_ids, transmitter_ids
+from plasticlm.refine.rephrase import rephrase
+
+
+@dataclass
+class FuserTrainConfig:
+    """Fuser shape and optimiser (AdamW, linear warm-up then cosine, grad clip as in C2C)."""
+
+    rank: int = 32
+    layer_map: str = "last"
+    mode: str = "aligned"
+    private: bool = False          # prefix mode: the transmitter reads rephrased prompts
+    fuse_last: bool = True         # aligned mode: see FuserConfig.fuse_last
+    draft_tokens: int = 0          # prefix mode: see FuserConfig.draft_tokens
+    epochs: int = 10
+    lr: float = 2e-3
+    warmup_fraction: float = 0.1
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Example:
+    """A prompt, the answer the receiver should continue it with, and optionally the text the
+    transmitter encodes instead of the prompt (a rephrasing)."""
+
+    prompt: str
+    answer: str
+    transmitter_text: str | None = None
+
+
+@dataclass
+class _Prepared:
+    own: KVCache | None          # receiver cache before fusion (aligned) or its BOS (prefix)
+    transmitter: KVCache
+    index: torch.Tensor | None
+    tail: list[int]
+    answer: list[int]
+    start: int | None = None     # position of tail[0] when not right after the cache
+
+
+def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
+             fuse_last: bool = True, draft_tokens: int = 0) -> _Prepared:
+    r_ids = _ids(receiver.tokenizer, ex.prompt)
+    answer = continuation_ids(receiver.tokenizer, r_ids, ex.prompt, ex.answer)
+    if mode == "aligned":
+        al = align_tokens(receiver.tokenizer, transmitter.tokenizer, ex.prompt)
+        n = len(r_ids) if fuse_last else len(r_ids) - 1
+        own, _ = extract_cache(receiver.model, _row(r_ids[:n]))
+        t_cache, _ = extract_cache(transmitter.model, _row(al.transmitter_ids))
+        return _Prepared(own, t_cache, torch.tensor([al.index[:n]]), r_ids[-1:], answer,
+                         len(r_ids) - 1)
+    text = ex.transmitter_text or ex.prompt
+    t_cache, _ = extract_cache(transmitter.model,
+                               _row(transmitter_ids(transmitter, text, draft_tokens)))
+    bos = receiver.tokenizer.bos_token_id
+    if bos is not None and r_ids[0] == bos:
+        own, _ = extract_cache(receiver.model, _row(r_ids[:1]))
+        return _Prepared(own, t_cache, None, r_ids[1:], answer)
+    return _Prepared(None, t_cache, None, r_ids, answer)
+
+
+def fused_state(fuser: Fuser, p: _Prepared, receiver_layout) -> KVCache:
+    """The receiver state a prepared example is scored from (gradients reach the fuser)."""
+    if fuser.config.mode == "aligned":
+        return fuser.fuse_aligned(p.own, p.transmitter, p.index)
+    start = 1 if p.own is not None else 0
+    prefix = fuser.prefix(p.transmitter, receiver_layout, start=start)
+    return concat_caches(p.own, prefix) if p.own is not None else prefix
+
+
+def answer_loss(receiver_model, state: KVCache, tail: list[int], answer: list[int],
+                start: int | None = None) -> torch.Tensor:
+    """Mean cross-entropy of ``answer`` tokens after running ``tail`` on ``state`` (``tail[0]``
+    at position ``start``, default right after the cache)."""
+    ids = _row(tail + answer[:-1])
+    starts = None if start is None else torch.tensor([start])
+    logits = continue_from_cache(receiver_model, state, ids,
+                                 start_positions=starts)[0, len(tail) - 1:]
+    target = torch.tensor(answer, device=logits.device)
+    return torch.nn.functional.cross_entropy(logits.float(), target)
+
+
+def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | None = None
+                  ) -> list[Example]:
+    """Examples from MC records: prompt ``prompt_fn(question)``, answer `` <right choice>``;
+    with ``private`` the transmitter text is the prompt rephrased."""
+    out = []
+    for q in items:
+        prompt = prompt_fn(q.question)
+        text = None
+        if private:
+            text = rephrase(prompt, rephraser.model if rephraser else None,
+                            rephraser.tokenizer if rephraser else None)[0]
+        out.append(Example(prompt, " " + q.answer_text.strip(), text))
+    return out
+
+
+def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
+                cfg: FuserTrainConfig | None = None, progress: bool = True,
+                log=None) -> tuple[Fuser, list[float]]:
+    """Train a fresh fuser (transmitter -> receiver) on ``examples``; returns it and the
+    per-step losses. ``log(step=, loss=, lr=)`` is called every 20 steps when given."""
+    cfg = cfg or FuserTrainConfig()
+    if not examples:
+        raise PlasticError("no training examples for the fuser")
+    if cfg.private and cfg.mode != "prefix":
+        raise PlasticError("private training (rephrased transmitter prompts) needs mode=prefix")
+    torch.manual_seed(cfg.seed)
+    fuser = Fuser.for_pair(receiver.layout, transmitter.layout, rank=cfg.rank,
+                           layer_map=cfg.layer_map, mode=cfg.mode, receiver_name=receiver.name,
+                           transmitter_name=transmitter.name, fuse_last=cfg.fuse_last,
+                           draft_tokens=cfg.draft_tokens)
+    device = next(receiver.model.parameters()).device
+    fuser.to(device)
+    prepared = [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
+                for ex in examples]
+    steps = cfg.epochs * len(prepared)
+    warmup = max(1, int(cfg.warmup_fraction * steps))
+    opt = torch.optim.AdamW(fuser.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    frozen = [(p, p.requires_grad) for m in (receiver.model, transmitter.model)
+              for p in m.parameters()]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    rng = random.Random(cfg.seed)
+    losses: list[float] = []
+    fuser.train()
+    try:
+        bar = tqdm(total=steps, desc=f"fuser {transmitter.name}->{receiver.name}",
+                   disable=not progress, leave=False)
+        for _ in range(cfg.epochs):
+            order = list(range(len(prepared)))
+            rng.shuffle(order)
+            for i in order:
+                p = prepared[i]
+                loss = answer_loss(receiver.model, fused_state(fuser, p, receiver.layout),
+                                   p.tail, p.answer, p.start)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(fuser.parameters(), cfg.grad_clip)
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                if log is not None and len(losses) % 20 == 0:
+                    log(step=len(losses), loss=sum(losses[-20:]) / 20,
+                        lr=sched.get_last_lr()[0])
+                bar.update()
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.close()
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+        fuser.eval()
+    return fuser, losses
+
+
+@torch.no_grad()
+def evaluate_answer_loss(receiver: Peer, transmitter: Peer, fuser: Fuser | None,
+                         examples: list[Example]) -> float:
+    """Mean answer cross-entropy with the fuser (or of the receiver alone when None)."""
+    mode = fuser.config.mode if fuser is not None else "aligned"
+    fuse_last = fuser.config.fuse_last if fuser is not None else False
+    draft = fuser.config.draft_tokens if fuser is not None else 0
+    total = 0.0
+    for ex in examples:
+        p = _prepare(receiver, transmitter, ex, mode, fuse_last, draft)
+        state = fused_state(fuser, p, receiver.layout) if fuser is not None else p.own
+        total += float(answer_loss(receiver.model, state, p.tail, p.answer, p.start))
+    return total / len(examples)
+

@@ -1,0 +1,81 @@
+"""``plasticlm refine``: argument parsing, ``ask`` on saved models and fusers, errors."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from plasticlm.cli import refine as refine_cli
+from plasticlm.errors import PlasticError
+from plasticlm.models import build_tiny, train_bpe_tokenizer
+from plasticlm.refine import Fuser, kv_layout
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models on a shared CPU: one intra-op thread is much faster than two."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="plasticlm")
+    refine_cli.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refine_cli")
+    texts = ["Q: Which organ does Kalomira act on? A: liver.", "Doctors prescribe Zutorex."] * 8
+    out = {}
+    for name, arch, vocab, layers in (("r", "qwen3", 280, 3), ("t", "llama", 260, 2)):
+        tok = train_bpe_tokenizer(texts, vocab_size=vocab)
+        model = build_tiny(arch, seed=len(name), vocab_size=len(tok), hidden_size=32,
+                           num_layers=layers, num_heads=2, num_kv_heads=1, head_dim=16,
+                           intermediate_size=64)
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        out[name] = (root / name, model)
+    fuser = Fuser.for_pair(kv_layout(out["r"][1]), kv_layout(out["t"][1]), rank=4)
+    with torch.no_grad():
+        for layer in fuser.layers:
+            layer.up.weight.normal_(0, 0.5)
+    fuser.save_pretrained(root / "fuser")
+    return {"r": str(out["r"][0]), "t": str(out["t"][0]), "fuser": str(root / "fuser")}
+
+
+def test_ask_scores_choices_in_alone_and_c2c(folders, capsys):
+    base = ["refine", "ask", "Q: Which organ does Kalomira act on? A:", "--receiver",
+            folders["r"], "--choices", "liver|heart|lung|skin"]
+    results = {}
+    for mode in ("alone", "c2c"):
+        args = _parser().parse_args(base + ["--transmitter", folders["t"], "--fuser",
+                                            folders["fuser"], "--mode", mode])
+        assert args.func(args) == 0
+        results[mode] = json.loads(capsys.readouterr().out)
+    assert results["alone"]["wire_bytes"] == 0 < results["c2c"]["wire_bytes"]
+    assert results["alone"]["scores"] != results["c2c"]["scores"]
+    assert results["c2c"]["choice"] in ("liver", "heart", "lung", "skin")
+
+
+def test_ask_generates_and_rejects_mismatched_fusers(folders, capsys):
+    args = _parser().parse_args(["refine", "ask", "Q: Which organ", "--receiver", folders["r"],
+                                 "--mode", "alone", "--max-new-tokens", "3"])
+    assert args.func(args) == 0
+    assert "answer" in json.loads(capsys.readouterr().out)
+    args = _parser().parse_args(["refine", "ask", "Q:", "--receiver", folders["r"],
+                                 "--transmitter", folders["t"]])
+    with pytest.raises(PlasticError, match="one fuser folder per transmitter"):
+        args.func(args)
+
+
+def test_experiment_and_train_parse_overrides():
+    args = _parser().parse_args(["refine", "experiment", "fuser.epochs=2", "max_eval=4"])
+    assert args.overrides == ["fuser.epochs=2", "max_eval=4"]
+    args = _parser().parse_args(["refine", "train-fuser", "--receiver", "sandbox:receiver",
+                                 "--transmitter", "sandbox:specialist", "--out", "f", "rank=8"])
+    assert args.overrides == ["rank=8"] and args.splits == "dev,val"
