@@ -26,7 +26,14 @@ def shared_data() -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory, monkeypatch):
-    """Keep every test's cache home out of the user's ~/.cache."""
-    monkeypatch.setenv("PLASTICLM_HOME", str(tmp_path_factory.getbasetemp() / "plasticlm_home"))
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_home(tmp_path_factory):
+    """One cache home for the whole session, out of the user's ~/.cache. Session-scoped so
+    that it is in place before any module-scoped fixture (and inherited by subprocesses)."""
+    old = os.environ.get("PLASTICLM_HOME")
+    os.environ["PLASTICLM_HOME"] = str(tmp_path_factory.getbasetemp() / "plasticlm_home")
+    yield
+    if old is None:
+        os.environ.pop("PLASTICLM_HOME", None)
+    else:
+        os.environ["PLASTICLM_HOME"] = old
