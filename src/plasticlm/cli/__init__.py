@@ -9,7 +9,7 @@ import sys
 from plasticlm.errors import PlasticError
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
-COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine")
+COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol")
 
 
 def build_parser() -> argparse.ArgumentParser:

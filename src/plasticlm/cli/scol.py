@@ -1,0 +1,162 @@
+"""``plasticlm scol``: meta-train a SCoL policy, consolidate a stream with it, experiments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML/YAML/JSON file for ExperimentConfig (scol.* nested)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. scol.k=4 or eval_length=8 (repeatable)")
+    p.add_argument("--model", help="HF model folder (default: the sandbox receiver)")
+    p.add_argument("--squad", help="SQuAD v1.1 file (default: the sandbox world's passages)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scol", help="self-consolidating LMs: the model picks layers to learn",
+                       description="SCoL: each context of a stream is written into the weights "
+                       "by LoRA on layers the model itself names in text; IPO teaches the "
+                       "choice.")
+    vs = p.add_subparsers(dest="scol_command", required=True, metavar="VERB")
+
+    q = vs.add_parser("train", help="meta-train the policy (IPO) over training streams",
+                      description="Meta-train theta_0 over training streams; checkpoints in "
+                      "OUT/checkpoint (resume with --resume).")
+    _common(q)
+    q.add_argument("--out", default="runs/scol-train")
+    q.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    q.set_defaults(func=_train)
+
+    q = vs.add_parser("run", help="consolidate the evaluation stream with a trained policy",
+                      description="Consolidate the evaluation stream (greedy actions of the "
+                      "policy), fill the accuracy matrix, save the consolidated model.")
+    _common(q)
+    q.add_argument("--policy", required=True, help="a checkpoint folder from `scol train`")
+    q.add_argument("--out", default="runs/scol-run")
+    q.set_defaults(func=_run)
+
+    q = vs.add_parser("experiment", help="squad | longbench | fisher, with report and plots",
+                      description="Run an experiment; report.json/report.md and PNG plots go "
+                      "into OUT.")
+    q.add_argument("which", choices=("squad", "longbench", "fisher"))
+    _common(q)
+    q.add_argument("--policy", help="fisher: policy checkpoint (default: the base model)")
+    q.add_argument("--out", default=None, help="run folder (default runs/scol-<which>)")
+    q.set_defaults(func=_experiment)
+
+
+def _config(args):
+    """ExperimentConfig: defaults (or the --quick sizes), then --config, then --set."""
+    from plasticlm.config import from_dict, parse_value, read_config_file, to_dict
+    from plasticlm.errors import PlasticError
+    from plasticlm.scol.experiment import ExperimentConfig, quick_config
+
+    data = to_dict(quick_config() if args.quick else ExperimentConfig())
+    if args.config:
+        _merge(data, read_config_file(args.config))
+    for item in args.overrides:
+        if "=" not in item:
+            raise PlasticError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        _merge(data, _nested(key.strip(), parse_value(value.strip())))
+    cfg = from_dict(ExperimentConfig, data)
+    if args.model:
+        cfg.model = args.model
+    if args.squad:
+        cfg.squad = args.squad
+    return cfg
+
+
+def _nested(dotted: str, value) -> dict:
+    out: dict = {}
+    node = out
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+    return out
+
+
+def _merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _train(args) -> int:
+    import copy
+
+    from plasticlm.data.squad import load_squad
+    from plasticlm.scol.contexts import contexts_from_passages, split_streams
+    from plasticlm.scol.experiment import load_model, resolve_world_file
+    from plasticlm.scol.meta import meta_train
+
+    cfg = _config(args)
+    model, tok = load_model(cfg)
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    train, _ = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
+                             cfg.seed)
+    meta_train(model, tok, train, copy.deepcopy(cfg.scol), args.out, resume=args.resume,
+               progress=not args.no_progress)
+    print(f"policy checkpoint: {args.out}/checkpoint (metrics: {args.out}/metrics.jsonl)")
+    return 0
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    from plasticlm.data.squad import load_squad
+    from plasticlm.models import load_causal_lm
+    from plasticlm.scol.consolidate import float32_master
+    from plasticlm.scol.contexts import contexts_from_passages, split_streams
+    from plasticlm.scol.experiment import AccuracyMatrix, load_model, resolve_world_file
+    from plasticlm.scol.meta import consolidate_stream
+
+    cfg = _config(args)
+    _, tok = load_model(cfg)
+    policy = float32_master(load_causal_lm(args.policy)[0])
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    _, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
+                              cfg.seed)
+    mat = AccuracyMatrix(stream)
+    model, records, _ = consolidate_stream(
+        policy, tok, stream, cfg.scol, "greedy",
+        on_commit=lambda t, m: mat.add_row(m, tok, t), progress=not args.no_progress)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = mat.summary()
+    summary["layers"] = [list(r.layers) for r in records]
+    (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
+    model.save_pretrained(out / "consolidated")
+    tok.save_pretrained(out / "consolidated")
+    print(json.dumps({k: summary[k] for k in ("em", "f1", "layers")}))
+    return 0
+
+
+def _experiment(args) -> int:
+    from pathlib import Path
+
+    from plasticlm.scol.experiment import run_fisher, run_longbench, run_squad
+
+    cfg = _config(args)
+    out = args.out or f"runs/scol-{args.which}"
+    progress = not args.no_progress
+    if args.which == "squad":
+        report = run_squad(cfg, out, progress=progress)
+        print((Path(out) / "report.md").read_text())
+        print(f"seconds: {report['seconds']}")
+    elif args.which == "fisher":
+        report = run_fisher(cfg, out, args.policy, progress=progress)
+        print(json.dumps({k: report[k] for k in ("recall_selected", "recall_random",
+                                                 "layer_histogram", "mean_fisher")}))
+    else:
+        report = run_longbench(cfg, out, progress=progress)
+        print(json.dumps(report["regimes"]))
+    print(f"report in {out}")
+    return 0

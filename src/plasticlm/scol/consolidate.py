@@ -1,0 +1,136 @@
+"""Adaptation and commit: LoRA on chosen layers learns a context, then merges into float32.
+
+Each candidate is adapted on its own copy of the running model; the winner's merged copy
+becomes the running model and the others are dropped. Copies avoid both PEFT pitfalls
+(anchors.md): a merged-in-place model that later ignores a new adapter on the same layer,
+and small deltas rounded away in low precision (the running model is kept in float32).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from plasticlm.errors import PlasticError
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraTrainConfig:
+    """LoRA adaptation of one context: rank, scale, optimiser and steps."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    lr: float = 3e-3
+    steps: int = 12
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    max_tokens: int = 256       # longer contexts are cut into windows of this many tokens
+    grad_clip: float = 1.0
+
+
+def num_layers_of(model) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def float32_master(model):
+    """The model in float32 (a no-op when it already is): merges keep small deltas."""
+    if next(model.parameters()).dtype != torch.float32:
+        model = model.float()
+    return model
+
+
+def context_windows(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
+    """``[bos] + tokens + [eos]`` of ``text`` cut into rows of at most ``max_tokens``,
+    right-padded with -100 labels: returns ids [N, T] (padding = EOS id) and labels [N, T]."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id, *ids]
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    if len(ids) < 2:
+        raise PlasticError("the context encodes to fewer than 2 tokens; nothing to learn")
+    rows = [ids[i: i + max_tokens] for i in range(0, len(ids) - 1, max_tokens - 1)]
+    rows = [r for r in rows if len(r) >= 2]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+        labels[i, : len(r)] = torch.tensor(r)
+    return torch.stack([out, labels])
+
+
+def lm_loss(model, windows: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy on ``windows`` = stack(ids [N, T], labels [N, T])."""
+    ids, labels = windows[0], windows[1]
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device)).logits[:, :-1].float()
+    return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten().to(device),
+                           ignore_index=-100)
+
+
+def adapt_lora(model, layers, windows: torch.Tensor, cfg: LoraTrainConfig, seed: int = 0,
+               rows_per_step: int | None = None):
+    """A copy of ``model`` with LoRA on ``layers`` trained on ``windows`` and merged in.
+
+    Each step uses every window, or ``rows_per_step`` random ones. ``model`` is untouched. Returns ``(merged_model, losses)``; only the chosen layers'
+    target weights differ from ``model``'s.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    layers = sorted({int(i) for i in layers})
+    n = num_layers_of(model)
+    if not layers or layers[0] < 0 or layers[-1] >= n:
+        raise PlasticError(f"layers {layers} are not a non-empty subset of 0..{n - 1}")
+    torch.manual_seed(seed)
+    work = copy.deepcopy(model)
+    peft_cfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,
+                          target_modules=list(cfg.target_modules), layers_to_transform=layers,
+                          layers_pattern="layers", bias="none")
+    peft_model = get_peft_model(work, peft_cfg)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    peft_model.train()
+    losses = []
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(cfg.steps):
+        batch = windows
+        if rows_per_step is not None and rows_per_step < windows.shape[1]:
+            batch = windows[:, torch.randperm(windows.shape[1], generator=gen)[:rows_per_step]]
+        loss = lm_loss(peft_model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    # The return value is the merged model; the wrapper must not be reused afterwards.
+    merged = peft_model.merge_and_unload()
+    merged.eval()
+    for p in merged.parameters():
+        p.requires_grad_(True)
+    return merged, losses
+
+
+def layer_change(before, after) -> dict[int, float]:
+    """Per layer index: the L2 norm of the weight change between two models of one shape."""
+    a, b = dict(before.named_parameters()), dict(after.named_parameters())
+    out: dict[int, float] = {}
+    for name, p in a.items():
+        parts = name.split(".")
+        if "layers" not in parts:
+            continue
+        idx = int(parts[parts.index("layers") + 1])
+        d = float((b[name].detach() - p.detach()).double().norm())
+        out[idx] = out.get(idx, 0.0) + d * d
+    return {k: v ** 0.5 for k, v in sorted(out.items())}
+
+
+def changed_parameters(before, after) -> list[str]:
+    """Names of parameters that differ at all (exact comparison)."""
+    b = dict(after.named_parameters())
+    return [n for n, p in before.named_parameters() if not torch.equal(p.detach(), b[n].detach())]

@@ -1,0 +1,55 @@
+"""Streams of contexts for SCoL: SQuAD-format passages and chunked long documents."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from plasticlm.errors import PlasticError
+from plasticlm.scol.rewards import Question
+
+
+@dataclass(frozen=True)
+class Context:
+    """One context of a stream and the closed-book questions about it (may be none)."""
+
+    id: str
+    text: str
+    questions: tuple[Question, ...] = ()
+
+
+def contexts_from_passages(passages) -> list[Context]:
+    """SQuAD passages (``plasticlm.data.records.Passage``) as contexts with their questions."""
+    return [Context(p.title or f"passage-{i}", p.context,
+                    tuple(Question(q.question, tuple(a.text for a in q.answers)) for q in p.qas))
+            for i, p in enumerate(passages)]
+
+
+def split_streams(contexts: Sequence[Context], train_streams: int, stream_length: int,
+                  eval_length: int, seed: int = 0) -> tuple[list[list[Context]], list[Context]]:
+    """Disjoint meta-training streams and one evaluation stream, drawn without replacement.
+
+    Evaluation contexts never appear in training, so a policy cannot have been rewarded on
+    the questions it is later graded on.
+    """
+    need = train_streams * stream_length + eval_length
+    if need > len(contexts):
+        raise PlasticError(f"{train_streams} training streams of {stream_length} and an "
+                           f"evaluation stream of {eval_length} need {need} contexts; only "
+                           f"{len(contexts)} are available (use fewer or shorter streams)")
+    pool = list(contexts)
+    random.Random(seed).shuffle(pool)
+    evaluation = pool[:eval_length]
+    rest = pool[eval_length:]
+    train = [rest[i * stream_length: (i + 1) * stream_length] for i in range(train_streams)]
+    return train, evaluation
+
+
+def chunk_text(tokenizer, text: str, window: int, prefix: str = "") -> list[Context]:
+    """``text`` cut into consecutive contexts of at most ``window`` tokens each."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if window < 8:
+        raise PlasticError(f"chunk window must be at least 8 tokens, not {window}")
+    return [Context(f"{prefix}chunk-{i // window}", tokenizer.decode(ids[i: i + window]))
+            for i in range(0, len(ids), window)]

@@ -1,0 +1,441 @@
+"""``plasticlm scol experiment squad|fisher|longbench``: SCoL against its baselines.
+
+squad: meta-train on disjoint training streams, then consolidate one evaluation stream with
+each method and fill the lower-triangular accuracy matrix (row r = closed-book accuracy on
+contexts 0..r after r+1 commits, as SEAL reports it). immediate = mean of the diagonal;
+retention = mean of the last row over every context but the last. Accuracy is SQuAD exact
+match of greedy answers (F1 beside it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from plasticlm.errors import PlasticError
+from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
+from plasticlm.scol.consolidate import float32_master, num_layers_of
+from plasticlm.scol.contexts import Context, chunk_text, contexts_from_passages, split_streams
+from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
+from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
+from plasticlm.scol.policy import LayerGrammar, action_prompt, sample_actions
+from plasticlm.scol.rewards import qa_scores
+
+METHODS = ("scol", "scol_lambda0", "scol_random", "sequential_ft", "batch_ttt", "prompting",
+           "summarisation")
+PAPER = {  # methods.md section 3 (Qwen-scale models, SQuAD, 100 passages; LLM-judge accuracy)
+    "scol": {"immediate": 0.3540, "retention": 0.2046},
+    "scol_lambda0": {"immediate": 0.3430, "retention": 0.1464},
+    "sequential_ft": {"retention": 0.0130},
+    "prompting": {"immediate": 0.2817},
+    "batch_ttt": {"immediate": 0.2652},
+    "fisher_recall": {"selected": 0.451, "random": 0.357},
+}
+
+
+@dataclass
+class ExperimentConfig:
+    """Data, model and sizes of an experiment; ``scol`` holds the method's own settings."""
+
+    scol: SCoLConfig = field(default_factory=SCoLConfig)
+    model: str = ""                # HF folder; empty = the sandbox receiver of ``preset``
+    preset: str = "sandbox"
+    squad: str = ""                # SQuAD v1.1 file; empty = the preset world's unseen passages
+    longbench: str = ""            # LongBench v2 file; empty = the preset world's items
+    train_streams: int = 4
+    stream_length: int = 6
+    eval_length: int = 24
+    methods: tuple[str, ...] = METHODS
+    lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
+    prompt_tokens: int = 384       # in-context baselines' budget
+    fisher_top: int = 1            # size of the top-Fisher set
+    chunk_tokens: int = 192        # longbench chunk size
+    max_chunks: int = 12           # longbench: chunks per stream at most (short regime)
+    long_max_chunks: int = 24      # longbench: long regime
+    threads: int = 1               # torch threads; tiny models gain nothing from more
+    seed: int = 0
+
+
+def quick_config() -> ExperimentConfig:
+    """Sizes for a smoke test (seconds to a minute on a tiny model); the sandbox's "quick"
+    preset unless a model and data are given."""
+    cfg = ExperimentConfig(preset="quick", train_streams=1, stream_length=2, eval_length=3,
+                           max_chunks=3, long_max_chunks=4, prompt_tokens=128)
+    cfg.scol.k = 2
+    cfg.scol.outer_steps = 1
+    cfg.scol.ipo_epochs = 1
+    cfg.scol.lora.steps = 2
+    return cfg
+
+
+def resolve_model(cfg: ExperimentConfig) -> Path:
+    if cfg.model:
+        return Path(cfg.model)
+    from plasticlm.data.sandbox import sandbox_model
+
+    return sandbox_model("receiver", cfg.preset)
+
+
+def resolve_world_file(cfg: ExperimentConfig, kind: str) -> Path:
+    given = cfg.squad if kind == "squad" else cfg.longbench
+    if given:
+        return Path(given)
+    from plasticlm.data.sandbox import sandbox_world
+
+    world = sandbox_world(cfg.preset)
+    return world / ("squad/unseen.json" if kind == "squad" else "longbench/items.json")
+
+
+class AccuracyMatrix:
+    """Lower-triangular closed-book QA scores: ``em[r][i]``, ``f1[r][i]`` for i <= r."""
+
+    def __init__(self, contexts: Sequence[Context]):
+        self.contexts = list(contexts)
+        self.em: list[list[float]] = []
+        self.f1: list[list[float]] = []
+
+    def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
+        qs, owner = [], []
+        for i, c in enumerate(self.contexts[: upto + 1]):
+            qs += c.questions
+            owner += [i] * len(c.questions)
+        scores = qa_scores(model, tokenizer, qs, prefix)
+        em_row, f1_row = [], []
+        for i in range(upto + 1):
+            mine = [s for s, o in zip(scores, owner) if o == i]
+            em_row.append(sum(s[0] for s in mine) / max(1, len(mine)))
+            f1_row.append(sum(s[1] for s in mine) / max(1, len(mine)))
+        self.em.append(em_row)
+        self.f1.append(f1_row)
+
+    def summary(self) -> dict:
+        def stats(m: list[list[float]]) -> dict:
+            diag = [row[i] for i, row in enumerate(m) if i < len(row)]
+            last = m[-1] if m else []
+            return {"immediate": sum(diag) / len(diag) if diag else None,
+                    "retention": (sum(last[:-1]) / (len(last) - 1)) if len(last) > 1 else None,
+                    "final_all": sum(last) / len(last) if last else None}
+        return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
+                "matrix_f1": self.f1}
+
+
+def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
+                     cfg: ExperimentConfig) -> tuple[AccuracyMatrix, list | None]:
+    mat = AccuracyMatrix(stream)
+    lora_only = copy.deepcopy(cfg.scol)
+
+    def on_commit(t: int, model) -> None:
+        mat.add_row(model, tokenizer, t)
+
+    records = None
+    if name in ("scol", "scol_lambda0", "scol_random", "sequential_ft"):
+        start = policies.get("scol_lambda0" if name == "scol_lambda0" else "scol", base)
+        if name == "sequential_ft":
+            start = base
+        selection = {"scol": "greedy", "scol_lambda0": "greedy", "scol_random": "random",
+                     "sequential_ft": "all"}[name]
+        _, records, _ = consolidate_stream(copy.deepcopy(start), tokenizer, stream, lora_only,
+                                           selection, on_commit=on_commit, desc=name)
+    elif name == "batch_ttt":
+        trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
+        # One training run on all contexts: only the last row exists; the diagonal of a
+        # single row is its last entry, so immediate is reported from the same run.
+        mat.add_row(trained, tokenizer, len(stream) - 1)
+        mat.em = [mat.em[0][: i + 1] for i in range(len(stream) - 1)] + mat.em
+        mat.f1 = [mat.f1[0][: i + 1] for i in range(len(stream) - 1)] + mat.f1
+    elif name == "prompting":
+        for t in range(len(stream)):
+            mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
+                                                              cfg.prompt_tokens))
+    elif name == "summarisation":
+        notes = running_summaries(base, tokenizer, stream)
+        for t, note in enumerate(notes):
+            mat.add_row(base, tokenizer, t, note + "\n" if note else "")
+    else:
+        raise PlasticError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return mat, records
+
+
+def load_model(cfg: ExperimentConfig):
+    """``(model in float32, tokenizer)`` of the experiment, with ``cfg.threads`` threads."""
+    from plasticlm.models import load_causal_lm
+
+    torch.set_num_threads(max(1, cfg.threads))
+    model, tok = load_causal_lm(resolve_model(cfg))
+    return float32_master(model), tok
+
+
+def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
+    """The SQuAD experiment; writes ``report.json``, ``report.md`` and plots under ``out``."""
+    from plasticlm.data.squad import load_squad
+
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise PlasticError(f"unknown method(s) {', '.join(unknown)}; choose from "
+                           f"{', '.join(METHODS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    base, tok = load_model(cfg)
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    train, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length,
+                                  cfg.eval_length, cfg.seed)
+    n_layers = num_layers_of(base)
+    report: dict = {"config": asdict(cfg), "paper": PAPER, "num_layers": n_layers,
+                    "eval_contexts": [c.id for c in stream], "methods": {}, "seconds": {}}
+    base_mat = AccuracyMatrix(stream)
+    base_mat.add_row(base, tok, len(stream) - 1)
+    report["base_closed_book"] = base_mat.summary()["em"]["final_all"]
+
+    policies: dict = {}
+    needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}
+    for name in ("scol", "scol_lambda0"):
+        if not any(m in cfg.methods for m in needs if needs[m] == needs[name]):
+            continue
+        t = time.time()
+        mcfg = copy.deepcopy(cfg.scol)
+        mcfg.lam = needs[name]
+        if name == "scol_lambda0" and cfg.lambda0_outer_steps >= 0:
+            mcfg.outer_steps = cfg.lambda0_outer_steps
+        policies[name] = meta_train(copy.deepcopy(base), tok, train, mcfg, out / f"meta_{name}",
+                                    progress=progress)
+        report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
+        report[f"meta_{name}"] = _read_metrics(out / f"meta_{name}" / "metrics.jsonl")
+
+    for name in cfg.methods:
+        t = time.time()
+        mat, records = _evaluate_method(name, base, policies, tok, stream, cfg)
+        entry = mat.summary()
+        if records is not None:
+            entry["layers"] = [list(r.layers) for r in records]
+            entry["seconds_per_context"] = sum(r.seconds for r in records) / len(records)
+            entry.update(action_stats(records, n_layers))
+        report["methods"][name] = entry
+        report["seconds"][name] = round(time.time() - t, 1)
+    report["seconds"]["total"] = round(time.time() - t_start, 1)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(squad_markdown(report))
+    plot_squad(report, out)
+    return report
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x]
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def squad_markdown(report: dict) -> str:
+    """The measured table next to the paper's numbers."""
+    lines = ["| method | immediate EM | retention EM | final EM (all) | immediate F1 | "
+             "retention F1 | paper immediate | paper retention |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, e in report["methods"].items():
+        p = PAPER.get(name, {})
+        lines.append(f"| {name} | {_pct(e['em']['immediate'])} | {_pct(e['em']['retention'])} "
+                     f"| {_pct(e['em']['final_all'])} | {_pct(e['f1']['immediate'])} | "
+                     f"{_pct(e['f1']['retention'])} | {_pct(p.get('immediate'))} | "
+                     f"{_pct(p.get('retention'))} |")
+    lines.append("")
+    lines.append(f"Closed-book EM of the untouched model on the evaluation stream: "
+                 f"{_pct(report['base_closed_book'])}. Layers: {report['num_layers']}.")
+    for name in ("scol", "scol_random", "scol_lambda0"):
+        if name in report["methods"] and "layer_histogram" in report["methods"][name]:
+            lines.append(f"{name} layer histogram: {report['methods'][name]['layer_histogram']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_squad(report: dict, out: Path) -> None:
+    """``matrices.png`` (one EM matrix per method), ``summary.png`` (bars vs the paper) and
+    ``layers.png`` (histogram of selected layers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods = list(report["methods"])
+    fig, axes = plt.subplots(1, len(methods), figsize=(3 * len(methods), 3), squeeze=False)
+    for ax, name in zip(axes[0], methods):
+        m = report["methods"][name]["matrix_em"]
+        n = len(m)
+        grid = np.full((n, n), np.nan)
+        for r, row in enumerate(m):
+            grid[r, : len(row)] = row
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("context")
+        ax.set_ylabel("after commit")
+    fig.tight_layout()
+    fig.savefig(out / "matrices.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    x = np.arange(len(methods))
+    imm = [report["methods"][k]["em"]["immediate"] or 0 for k in methods]
+    ret = [report["methods"][k]["em"]["retention"] or 0 for k in methods]
+    pimm = [PAPER.get(k, {}).get("immediate", np.nan) for k in methods]
+    pret = [PAPER.get(k, {}).get("retention", np.nan) for k in methods]
+    ax.bar(x - 0.3, imm, 0.2, label="immediate (here)")
+    ax.bar(x - 0.1, ret, 0.2, label="retention (here)")
+    ax.bar(x + 0.1, pimm, 0.2, label="immediate (paper)", alpha=0.5)
+    ax.bar(x + 0.3, pret, 0.2, label="retention (paper)", alpha=0.5)
+    ax.set_xticks(x, methods, rotation=20, fontsize=8)
+    ax.set_ylabel("exact match")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "summary.png", dpi=100)
+    plt.close(fig)
+
+    hist = {k: v["layer_histogram"] for k, v in report["methods"].items()
+            if "layer_histogram" in v and k.startswith("scol")}
+    if hist:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        width = 0.8 / len(hist)
+        for j, (k, h) in enumerate(hist.items()):
+            ax.bar(np.arange(len(h)) + j * width, h, width, label=k)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("times selected")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "layers.png", dpi=100)
+        plt.close(fig)
+
+
+def run_fisher(cfg: ExperimentConfig, out: str | Path, policy_path: str | None = None,
+               progress: bool = True) -> dict:
+    """Recall of the policy's greedy selections among each context's top-Fisher layers vs
+    random selections of the same size (one stream, drifting by greedy commits)."""
+    from plasticlm.data.squad import load_squad
+    from plasticlm.models import load_causal_lm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base, tok = load_model(cfg)
+    policy = float32_master(load_causal_lm(policy_path)[0]) if policy_path else base
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    _, stream = split_streams(contexts, 0, 0, cfg.eval_length, cfg.seed)
+    n_layers = num_layers_of(policy)
+    rows = []
+
+    fisher_by_t: dict[int, list[float]] = {}
+
+    def before_commit_fisher(t: int, model) -> None:
+        if t + 1 < len(stream):
+            fisher_by_t[t + 1] = layer_fisher(model, tok, stream[t + 1].text)
+
+    fisher_by_t[0] = layer_fisher(policy, tok, stream[0].text)
+    _, records, _ = consolidate_stream(copy.deepcopy(policy), tok, stream, copy.deepcopy(cfg.scol),
+                                       "greedy", on_commit=before_commit_fisher, desc="fisher")
+    for r in records:
+        f = fisher_by_t[r.index]
+        top = top_layers(f, cfg.fisher_top)
+        exp_rand, samp_rand = random_recall(len(r.layers), top, n_layers, seed=cfg.seed + r.index)
+        rows.append({"context": r.context_id, "fisher": f, "top": sorted(top),
+                     "selected": list(r.layers), "recall": recall(r.layers, top),
+                     "random_expected": exp_rand, "random_sampled": samp_rand})
+    report = {"config": asdict(cfg), "paper": PAPER["fisher_recall"], "rows": rows,
+              "recall_selected": sum(x["recall"] for x in rows) / len(rows),
+              "recall_random": sum(x["random_expected"] for x in rows) / len(rows),
+              "layer_histogram": action_stats(records, n_layers)["layer_histogram"],
+              "mean_fisher": [sum(x["fisher"][i] for x in rows) / len(rows)
+                              for i in range(n_layers)]}
+    (out / "fisher.json").write_text(json.dumps(report, indent=1) + "\n")
+    _plot_fisher(report, out)
+    return report
+
+
+def _plot_fisher(report: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    n = len(report["mean_fisher"])
+    axes[0].bar(range(n), report["mean_fisher"])
+    axes[0].set_title("mean empirical Fisher per layer", fontsize=9)
+    axes[0].set_xlabel("layer")
+    axes[1].bar(range(n), report["layer_histogram"])
+    axes[1].set_title("policy selections per layer", fontsize=9)
+    axes[1].set_xlabel("layer")
+    fig.tight_layout()
+    fig.savefig(out / "fisher.png", dpi=100)
+    plt.close(fig)
+
+
+def _mc_correct(model, tokenizer, item) -> bool:
+    """Closed-book MC by log-prob: is the gold choice the likeliest `` <choice>`` after
+    ``Q: <question> A:``?"""
+    from plasticlm.eval import encode_pair, pad_id_of, score_continuations
+
+    ctxs, conts = [], []
+    for c in item.choices:
+        a, b = encode_pair(tokenizer, f"Q: {item.question} A:", " " + c)
+        ctxs.append(a)
+        conts.append(b)
+    s = [x.logprob for x in score_continuations(model, ctxs, conts, pad_id=pad_id_of(tokenizer))]
+    return max(range(4), key=s.__getitem__) == "ABCD".index(item.answer)
+
+
+def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
+    """LongBench-v2-format items chunked to ``chunk_tokens``: meta-train (intrinsic reward)
+    on short-regime streams, then per item consolidate its chunks and answer closed-book
+    (MC by log-prob). Regimes: short (``max_chunks``) and long (``long_max_chunks``)."""
+    from plasticlm.data.longbench import load_longbench
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base, tok = load_model(cfg)
+    items = load_longbench(resolve_world_file(cfg, "longbench"))
+    short = [it for it in items if it.length == "short"]
+    long = [it for it in items if it.length != "short"]
+    if not short or not long:
+        raise PlasticError("the LongBench file needs both short and medium/long items")
+    scfg = copy.deepcopy(cfg.scol)
+    scfg.reward = "intrinsic"
+    train_streams = [chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")[: cfg.max_chunks]
+                     for it in short[: max(1, len(short) // 2)]]
+    eval_short = short[max(1, len(short) // 2):] or short
+    policy = meta_train(copy.deepcopy(base), tok, train_streams, scfg, out / "meta",
+                        progress=progress)
+    report: dict = {"config": asdict(cfg), "paper": {"short": 0.423, "long": 0.370,
+                                                     "sequential_ft_long": 0.230},
+                    "regimes": {}}
+    methods: dict[str, Callable] = {
+        "scol": lambda s: consolidate_stream(copy.deepcopy(policy), tok, s, scfg, "greedy")[0],
+        "sequential_ft": lambda s: consolidate_stream(copy.deepcopy(base), tok, s, scfg,
+                                                      "all")[0],
+        "base": lambda s: base,
+    }
+    for regime, its, cap in (("short", eval_short, cfg.max_chunks),
+                             ("long", long, cfg.long_max_chunks)):
+        res = {}
+        for name, fn in methods.items():
+            correct = []
+            for it in its:
+                chunks = chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")
+                # Keep the tail: the question is asked after the stream's last chunk.
+                model = fn(chunks[-cap:])
+                correct.append(_mc_correct(model, tok, it))
+            res[name] = {"accuracy": sum(correct) / len(correct), "n": len(correct)}
+        report["regimes"][regime] = res
+    (out / "longbench.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def greedy_action_text(model, tokenizer, text: str, max_layers: int = 2) -> str:
+    """The policy's greedy action for one context (for inspection)."""
+    n = num_layers_of(model)
+    g = LayerGrammar(tokenizer, n, max_layers)
+    return sample_actions(model, tokenizer, action_prompt(text, n), g, 1, 0.0)[0].text

@@ -1,0 +1,357 @@
+"""SCoL's inner loop (consolidate a stream) and outer loop (IPO on the policy theta_0).
+
+Inner loop, per context: the running model (the policy, drifted by earlier commits) writes
+K layer selections; each is adapted with LoRA on a copy; the best by reward is committed;
+candidate pairs with different rewards become IPO preference pairs. Outer loop: IPO updates
+the pre-adaptation weights theta_0 against a frozen copy of them taken at each outer step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from plasticlm.errors import PlasticError
+from plasticlm.eval import encode_with_bos
+from plasticlm.scol.candidates import adapt_lora_together
+from plasticlm.scol.consolidate import (
+    LoraTrainConfig,
+    adapt_lora,
+    context_windows,
+    float32_master,
+    num_layers_of,
+)
+from plasticlm.scol.contexts import Context
+from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
+from plasticlm.scol.policy import (
+    LayerGrammar,
+    action_prompt,
+    completion_logprob,
+    constrained_entropy,
+    sample_actions,
+)
+from plasticlm.scol.rewards import (
+    Reward,
+    context_nll,
+    intrinsic_reward,
+    qa_accuracy,
+    supervised_reward,
+)
+
+SELECTIONS = ("best", "greedy", "random", "all")
+
+
+@dataclass
+class SCoLConfig:
+    """Inner loop (candidates, reward, LoRA) and outer loop (IPO) settings."""
+
+    k: int = 4                     # candidate selections per context
+    temperature: float = 1.0       # sampling temperature of candidates
+    max_layers: int = 2            # most layers one action may name
+    reward: str = "supervised"     # supervised (QA) | intrinsic (likelihood)
+    lam: float = 1.0               # weight of forgetting in the reward
+    qa_metric: str = "f1"          # em | f1, for the supervised reward
+    forget_window: int = 4         # earlier contexts checked for forgetting
+    lora: LoraTrainConfig = field(default_factory=LoraTrainConfig)
+    outer_steps: int = 8
+    ipo_tau: float = 0.1
+    ipo_lr: float = 5e-5
+    ipo_epochs: int = 2
+    diversity: float = 0.0         # weight of the constrained-entropy bonus
+    prompt_chars: int = 1500
+    together: bool = True          # train the K candidates in one batch (candidates.py)
+    seed: int = 0
+
+    def check(self, num_layers: int | None = None) -> None:
+        if self.reward not in ("supervised", "intrinsic"):
+            raise PlasticError(f"reward must be 'supervised' or 'intrinsic', not {self.reward!r}")
+        if self.k < 1 or self.max_layers < 1:
+            raise PlasticError("k and max_layers must be >= 1")
+        if self.ipo_tau <= 0:
+            raise PlasticError(f"ipo_tau must be > 0, not {self.ipo_tau}")
+        if num_layers is not None and self.max_layers > num_layers:
+            raise PlasticError(f"max_layers {self.max_layers} exceeds the model's "
+                               f"{num_layers} layers")
+
+
+@dataclass
+class StepRecord:
+    """What happened at one context of a stream."""
+
+    index: int
+    context_id: str
+    layers: tuple[int, ...]
+    reward: Reward | None
+    candidates: list[dict]
+    seconds: float
+
+
+class RewardProbe:
+    """Measures a candidate's reward against the running model before the commit."""
+
+    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg: SCoLConfig):
+        self.tokenizer, self.cfg, self.context = tokenizer, cfg, contexts[t]
+        self.earlier = list(contexts[max(0, t - cfg.forget_window): t])
+        self.windows = context_windows(tokenizer, self.context.text, cfg.lora.max_tokens)
+        if cfg.reward == "supervised":
+            if not self.context.questions:
+                raise PlasticError(f"context {self.context.id!r} has no questions; the "
+                                   "supervised reward needs them (use reward=intrinsic)")
+            self.earlier_q = [q for c in self.earlier for q in c.questions]
+            self.before = (qa_accuracy(model, tokenizer, self.earlier_q, cfg.qa_metric)
+                           if self.earlier_q else None)
+        else:
+            self.earlier_w = [context_windows(tokenizer, c.text, cfg.lora.max_tokens)
+                              for c in self.earlier]
+            self.cur_before = context_nll(model, self.windows)
+            self.before_list = [context_nll(model, w) for w in self.earlier_w]
+
+    def __call__(self, adapted) -> Reward:
+        cfg = self.cfg
+        if cfg.reward == "supervised":
+            acc = qa_accuracy(adapted, self.tokenizer, self.context.questions, cfg.qa_metric)
+            after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
+                     if self.earlier_q else None)
+            return supervised_reward(acc, self.before, after, cfg.lam)
+        return intrinsic_reward(self.cur_before, context_nll(adapted, self.windows),
+                                self.before_list,
+                                [context_nll(adapted, w) for w in self.earlier_w], cfg.lam)
+
+
+def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLConfig,
+                       selection: str = "best",
+                       on_commit: Callable[[int, object], None] | None = None,
+                       progress: bool = False, desc: str = "consolidate"
+                       ) -> tuple[object, list[StepRecord], list[PreferencePair]]:
+    """Write every context of a stream into the weights, one commit per context.
+
+    ``selection``: ``best`` (K sampled candidates, the best by reward committed, preference
+    pairs collected), ``greedy`` (the policy's greedy action, no reward needed), ``random``
+    (random layers, as many as the greedy action names) or ``all`` (every layer: sequential
+    fine-tuning). Returns ``(running_model, records, pairs)``; ``on_commit(t, model)`` runs
+    after each commit (for evaluation).
+    """
+    if selection not in SELECTIONS:
+        raise PlasticError(f"selection must be one of {', '.join(SELECTIONS)}, not {selection!r}")
+    model = float32_master(model)
+    n_layers = num_layers_of(model)
+    cfg.check(n_layers)
+    grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    records: list[StepRecord] = []
+    pairs: list[PreferencePair] = []
+    for t in tqdm(range(len(contexts)), desc=desc, disable=not progress, leave=False):
+        t0 = time.time()
+        ctx = contexts[t]
+        prompt = action_prompt(ctx.text, n_layers, cfg.prompt_chars)
+        windows = context_windows(tokenizer, ctx.text, cfg.lora.max_tokens)
+        seed = cfg.seed * 100_003 + t
+        if selection == "all":
+            actions = [tuple(range(n_layers))]
+            completions = [[]]
+        else:
+            k = cfg.k if selection == "best" else 1
+            temp = cfg.temperature if selection == "best" else 0.0
+            sampled = sample_actions(model, tokenizer, prompt, grammar, k, temp, gen)
+            actions = [a.layers for a in sampled]
+            completions = [a.token_ids for a in sampled]
+            if selection == "random":
+                actions = [tuple(sorted(rng.sample(range(n_layers), len(actions[0]))))]
+        # Identical selections would train identical adapters: adapt each distinct one once.
+        distinct: dict[tuple[int, ...], list[int]] = {}
+        for a, c in zip(actions, completions):
+            distinct.setdefault(a, c)
+        candidates = []
+        if selection == "best":
+            probe = RewardProbe(model, tokenizer, contexts, t, cfg)
+            best = None
+            if cfg.together and len(distinct) > 1:
+                merged, curves = adapt_lora_together(model, list(distinct), windows, cfg.lora,
+                                                     [seed + i for i in range(len(distinct))])
+                trained = [(m, [c[i] for c in curves]) for i, m in enumerate(merged)]
+            else:
+                trained = [adapt_lora(model, layers, windows, cfg.lora, seed)
+                           for layers in distinct]
+            for (layers, comp), (adapted, losses) in zip(distinct.items(), trained):
+                r = probe(adapted)
+                candidates.append({"layers": list(layers), "reward": asdict(r),
+                                   "loss_first": losses[0], "loss_last": losses[-1],
+                                   "completion": comp})
+                if best is None or r.total > best[1].total:
+                    best = (adapted, r, layers)
+            del trained
+            model, reward, chosen = best
+            prompt_ids = encode_with_bos(tokenizer, prompt)
+            pairs += preference_pairs(prompt_ids, [c["completion"] for c in candidates],
+                                      [c["reward"]["total"] for c in candidates])
+        else:
+            chosen = next(iter(distinct))
+            model, losses = adapt_lora(model, chosen, windows, cfg.lora, seed)
+            reward = None
+            candidates.append({"layers": list(chosen), "loss_first": losses[0],
+                               "loss_last": losses[-1]})
+        for c in candidates:
+            c.pop("completion", None)
+        records.append(StepRecord(t, ctx.id, tuple(chosen), reward, candidates,
+                                  round(time.time() - t0, 3)))
+        if on_commit is not None:
+            on_commit(t, model)
+    return model, records, pairs
+
+
+def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.optim.Optimizer,
+               cfg: SCoLConfig, grammar: LayerGrammar | None = None) -> dict:
+    """``cfg.ipo_epochs`` IPO steps on ``policy`` over all ``pairs`` (one step per epoch,
+    gradients accumulated pair by pair); returns the loss and mean h before and after."""
+    if not pairs:
+        return {"pairs": 0}
+    with torch.no_grad():
+        ref_w = torch.stack([completion_logprob(reference, list(p.prompt_ids),
+                                                list(p.chosen_ids)) for p in pairs])
+        ref_l = torch.stack([completion_logprob(reference, list(p.prompt_ids),
+                                                list(p.rejected_ids)) for p in pairs])
+
+    def h_values() -> torch.Tensor:
+        with torch.no_grad():
+            w = torch.stack([completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids))
+                             for p in pairs])
+            ell = torch.stack([completion_logprob(policy, list(p.prompt_ids),
+                                                  list(p.rejected_ids)) for p in pairs])
+        return (w - ell) - (ref_w - ref_l)
+
+    target = 1.0 / (2.0 * cfg.ipo_tau)
+    h_before = h_values()
+    policy.train()
+    for _ in range(cfg.ipo_epochs):
+        opt.zero_grad(set_to_none=True)
+        for i, p in enumerate(pairs):
+            lw = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids))
+            ll = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids))
+            loss = ipo_loss(lw[None], ll[None], ref_w[i:i + 1], ref_l[i:i + 1], cfg.ipo_tau)
+            if cfg.diversity > 0 and grammar is not None:
+                ent = (constrained_entropy(policy, list(p.prompt_ids), list(p.chosen_ids),
+                                           grammar)
+                       + constrained_entropy(policy, list(p.prompt_ids), list(p.rejected_ids),
+                                             grammar)) / 2
+                loss = loss - cfg.diversity * ent
+            (loss / len(pairs)).backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+    policy.eval()
+    h_after = h_values()
+    return {"pairs": len(pairs),
+            "ipo_loss_before": float(((h_before - target) ** 2).mean()),
+            "ipo_loss_after": float(((h_after - target) ** 2).mean()),
+            "h_before": float(h_before.mean()), "h_after": float(h_after.mean())}
+
+
+def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for idx, st in opt.state_dict()["state"].items():
+        for name, value in st.items():
+            tensors[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
+    save_file(tensors, str(path))
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    sd = opt.state_dict()
+    state: dict[int, dict] = {}
+    for key, value in load_file(str(path)).items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    sd["state"] = state
+    opt.load_state_dict(sd)
+
+
+def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict) -> Path:
+    """Policy (HF folder, safetensors), optimiser moments (safetensors) and ``state.json``,
+    written to a temporary folder then renamed so a crash never leaves half a checkpoint."""
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _save_optimizer(opt, tmp / "optimizer.safetensors")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def action_stats(records: Sequence[StepRecord], num_layers: int) -> dict:
+    """Histogram of committed layers and how varied the candidates were."""
+    hist = Counter(i for r in records for i in r.layers)
+    distinct = [len({tuple(c["layers"]) for c in r.candidates}) for r in records]
+    return {"layer_histogram": [hist.get(i, 0) for i in range(num_layers)],
+            "mean_layers_per_action": sum(len(r.layers) for r in records) / max(1, len(records)),
+            "mean_distinct_candidates": sum(distinct) / max(1, len(distinct))}
+
+
+def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCoLConfig,
+               out: str | Path, resume: bool = False, progress: bool = True):
+    """Meta-train theta_0 = ``policy`` over ``streams`` for ``cfg.outer_steps`` outer steps.
+
+    Each outer step consolidates one stream (cycling) from theta_0 with best-of-K commits,
+    then applies IPO to theta_0 on the step's pairs against a frozen copy of theta_0.
+    ``out/checkpoint`` holds the latest theta_0, optimiser and step; ``resume`` continues
+    from it. Metrics go to ``out/metrics.jsonl``. Returns the trained policy.
+    """
+    from plasticlm.models import load_causal_lm
+    from plasticlm.runs import RunDir
+
+    if not streams:
+        raise PlasticError("meta-training needs at least one stream of contexts")
+    run = RunDir(Path(out))
+    ckpt = run.path / "checkpoint"
+    policy = float32_master(policy)
+    start = 0
+    if resume and (ckpt / "state.json").exists():
+        policy, _ = load_causal_lm(ckpt)
+        policy = float32_master(policy)
+        start = json.loads((ckpt / "state.json").read_text())["outer_step"]
+    elif resume:
+        raise PlasticError(f"nothing to resume: {ckpt} holds no checkpoint (run without "
+                           "--resume to start)")
+    else:
+        run.write_json("config.json", cfg)
+    n_layers = num_layers_of(policy)
+    cfg.check(n_layers)
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.ipo_lr, weight_decay=0.0)
+    if start and (ckpt / "optimizer.safetensors").exists():
+        _load_optimizer(opt, ckpt / "optimizer.safetensors")
+    grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
+    for step in tqdm(range(start, cfg.outer_steps), desc="meta-train", disable=not progress):
+        t0 = time.time()
+        stream = streams[step % len(streams)]
+        reference = copy.deepcopy(policy).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+        step_cfg = copy.deepcopy(cfg)
+        step_cfg.seed = cfg.seed * 1000 + step
+        _, records, pairs = consolidate_stream(copy.deepcopy(policy), tokenizer, stream,
+                                               step_cfg, "best", desc=f"outer step {step}")
+        stats = ipo_update(policy, reference, pairs, opt, cfg, grammar)
+        rewards = [r.reward.total for r in records if r.reward is not None]
+        run.log(outer_step=step, mean_reward=sum(rewards) / max(1, len(rewards)),
+                mean_acquisition=sum(r.reward.acquisition for r in records) / len(records),
+                mean_forgetting=sum(r.reward.forgetting for r in records) / len(records),
+                **stats, **action_stats(records, n_layers), seconds=round(time.time() - t0, 2))
+        save_checkpoint(ckpt, policy, tokenizer, opt, {"outer_step": step + 1})
+        del reference
+    return policy

@@ -1,0 +1,93 @@
+"""Rewards = acquisition - lambda * forgetting, supervised (QA) or intrinsic (likelihood).
+
+Closed-book QA: the model greedily continues ``Q: <question> A:`` (the sandbox's QA format)
+and the answer, cut at the first newline or full stop, is graded with SQuAD exact match
+and F1 against the gold answers. Likelihood terms are mean next-token NLL in nats/token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from plasticlm.errors import PlasticError
+from plasticlm.eval import generate_texts, squad_score
+from plasticlm.scol.consolidate import lm_loss
+
+ANSWER_STOPS = ("\n", ".", " Q:")
+
+
+@dataclass(frozen=True)
+class Question:
+    """A closed-book question about one context and its gold answers."""
+
+    question: str
+    answers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reward:
+    acquisition: float
+    forgetting: float
+    total: float
+
+
+def qa_prompt(question: str, prefix: str = "") -> str:
+    """``Q: <question> A:``, after ``prefix`` (in-context baselines put contexts there)."""
+    return f"{prefix}Q: {question} A:"
+
+
+@torch.no_grad()
+def qa_scores(model, tokenizer, questions: Sequence[Question], prefix: str = "",
+              max_new_tokens: int = 8, batch_size: int = 16) -> list[tuple[float, float]]:
+    """``(exact_match, f1)`` per question of greedy closed-book answers."""
+    if not questions:
+        return []
+    preds = generate_texts(model, tokenizer, [qa_prompt(q.question, prefix) for q in questions],
+                           max_new_tokens=max_new_tokens, batch_size=batch_size,
+                           stop=ANSWER_STOPS)
+    return [squad_score(p, list(q.answers)) for p, q in zip(preds, questions)]
+
+
+def qa_accuracy(model, tokenizer, questions: Sequence[Question], metric: str = "f1",
+                prefix: str = "") -> float:
+    """Mean exact match or F1 in [0, 1] over ``questions``."""
+    if metric not in ("em", "f1"):
+        raise PlasticError(f"QA metric must be 'em' or 'f1', not {metric!r}")
+    scores = qa_scores(model, tokenizer, questions, prefix)
+    if not scores:
+        return 0.0
+    j = 0 if metric == "em" else 1
+    return sum(s[j] for s in scores) / len(scores)
+
+
+def supervised_reward(acc_current: float, acc_earlier_before: float | None,
+                      acc_earlier_after: float | None, lam: float) -> Reward:
+    """QA accuracy on the current context minus ``lam`` times the accuracy drop on earlier
+    contexts' questions (no earlier questions: no forgetting term)."""
+    forgetting = 0.0
+    if acc_earlier_before is not None and acc_earlier_after is not None:
+        forgetting = acc_earlier_before - acc_earlier_after
+    return Reward(acc_current, forgetting, acc_current - lam * forgetting)
+
+
+def intrinsic_reward(nll_current_before: float, nll_current_after: float,
+                     nll_earlier_before: Sequence[float], nll_earlier_after: Sequence[float],
+                     lam: float) -> Reward:
+    """Log-likelihood gain on the current context (nats/token) minus ``lam`` times the mean
+    normalised log-likelihood drop on earlier contexts, ``(nll_after - nll_before) / nll_before``.
+    """
+    if len(nll_earlier_before) != len(nll_earlier_after):
+        raise PlasticError("earlier-context NLLs before and after must pair up")
+    gain = nll_current_before - nll_current_after
+    drops = [(a - b) / b for b, a in zip(nll_earlier_before, nll_earlier_after) if b > 0]
+    forgetting = sum(drops) / len(drops) if drops else 0.0
+    return Reward(gain, forgetting, gain - lam * forgetting)
+
+
+@torch.no_grad()
+def context_nll(model, windows: torch.Tensor) -> float:
+    """Mean next-token NLL (nats/token) on ``windows`` = stack(ids [N, T], labels [N, T])."""
+    return float(lm_loss(model, windows))

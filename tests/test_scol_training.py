@@ -1,0 +1,261 @@
+"""SCoL adaptation, commit, rewards, IPO, meta-training (resume), Fisher and the CLI smoke."""
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plasticlm.data.records import QA, Answer, Passage
+from plasticlm.data.squad import write_squad
+from plasticlm.errors import PlasticError
+from plasticlm.models import build_tiny, train_bpe_tokenizer
+from plasticlm.scol.consolidate import (
+    LoraTrainConfig,
+    adapt_lora,
+    changed_parameters,
+    context_windows,
+    float32_master,
+    layer_change,
+)
+from plasticlm.scol.contexts import contexts_from_passages, split_streams
+from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
+from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
+from plasticlm.scol.meta import SCoLConfig, consolidate_stream, ipo_update, meta_train
+from plasticlm.scol.rewards import intrinsic_reward, supervised_reward
+
+FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
+         ("Quinomab", "gout", "Munder Bio"), ("Lorepril", "eczema", "Pyrrha Labs"),
+         ("Dexastatin", "anemia", "Caddis Medical"), ("Fenovir", "vertigo", "Tolland Pharma")]
+
+
+def _passage(name, cond, maker):
+    text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
+    return Passage(name, text, (
+        QA(f"{name}.t", f"What condition is {name} used to treat?",
+           (Answer(cond, text.index(cond)),)),
+        QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),))))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    passages = [_passage(*f) for f in FACTS]
+    texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
+        f"Q: {q.question} A: {q.answers[0].text}." for p in passages for q in p.qas]
+    tok = train_bpe_tokenizer(texts, vocab_size=300)
+    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
+                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                       max_position_embeddings=512).eval()
+    folder = tmp_path_factory.mktemp("scol_tiny")
+    model.save_pretrained(folder / "model")
+    tok.save_pretrained(folder / "model")
+    write_squad(folder / "squad.json", passages)
+    yield model, tok, passages, folder
+    torch.set_num_threads(threads)
+
+
+def test_commit_changes_exactly_the_chosen_layers(tiny):
+    model, tok, passages, _ = tiny
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    w = context_windows(tok, passages[0].context, 64)
+    cfg = LoraTrainConfig(steps=3, lr=1e-2)
+    merged, losses = adapt_lora(model, (1, 3), w, cfg)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    changed = changed_parameters(model, merged)
+    targets = [n for n, _ in model.named_parameters()
+               if n.split(".")[-2] in cfg.target_modules and ".layers." in n]
+    expect = [n for n in targets if n.split(".")[2] in ("1", "3")]
+    assert sorted(changed) == sorted(expect)
+    delta = layer_change(model, merged)
+    assert delta[0] == 0.0 and delta[2] == 0.0 and delta[1] > 0 and delta[3] > 0
+    assert next(merged.parameters()).dtype == torch.float32
+    assert set(merged.state_dict()) == set(model.state_dict())  # no LoRA leftovers
+    assert losses[-1] < losses[0]
+
+
+def test_candidates_trained_together_are_independent_and_local(tiny):
+    from plasticlm.scol.candidates import adapt_lora_together
+
+    model, tok, passages, _ = tiny
+    w = context_windows(tok, passages[1].context, 64)
+    cfg = LoraTrainConfig(steps=3, lr=1e-2)
+    sets = [(0,), (1, 3), (2,)]
+    merged, curves = adapt_lora_together(model, sets, w, cfg, seeds=[5, 6, 7])
+    assert len(curves) == 3 and all(len(c) == 3 for c in curves)
+    for s, m in zip(sets, merged):
+        touched = {int(n.split(".")[2]) for n in changed_parameters(model, m)}
+        assert touched == set(s)
+    alone, _ = adapt_lora_together(model, [sets[1]], w, cfg, seeds=[6])
+    for a, b in zip(merged[1].parameters(), alone[0].parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert curves[-1][1] < curves[0][1]
+
+
+def test_float32_master_and_bad_layers(tiny):
+    model, tok, passages, _ = tiny
+    import copy
+
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    assert next(float32_master(half).parameters()).dtype == torch.float32
+    w = context_windows(tok, passages[0].context, 64)
+    with pytest.raises(PlasticError):
+        adapt_lora(model, (7,), w, LoraTrainConfig(steps=1))
+
+
+def test_rewards_on_toy_cases():
+    r = supervised_reward(0.8, 0.6, 0.4, lam=0.5)
+    assert (r.acquisition, r.forgetting, r.total) == pytest.approx((0.8, 0.2, 0.7))
+    assert supervised_reward(0.5, None, None, lam=3.0).total == 0.5   # first context
+    r = intrinsic_reward(3.0, 2.0, [2.0, 4.0], [2.5, 4.0], lam=2.0)
+    # gain 1.0; drops 0.25 and 0.0 -> mean 0.125
+    assert (r.acquisition, r.forgetting, r.total) == pytest.approx((1.0, 0.125, 0.75))
+    assert intrinsic_reward(1.0, 1.5, [], [], lam=1.0).total == pytest.approx(-0.5)
+
+
+def test_ipo_loss_matches_hand_computation():
+    lw, ll = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.5])
+    rw, rl = torch.tensor([-1.5, -2.0]), torch.tensor([-2.5, -2.0])
+    # h = (lw - ll) - (rw - rl) = [2 - 1, -0.5 - 0] = [1, -0.5]; tau 0.25 -> target 2
+    expected = ((1 - 2) ** 2 + (-0.5 - 2) ** 2) / 2
+    assert float(ipo_loss(lw, ll, rw, rl, tau=0.25)) == pytest.approx(expected)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=4, max_size=4), st.floats(0.01, 2.0))
+def test_ipo_loss_property(vals, tau):
+    t = [torch.tensor([v]) for v in vals]
+    h = (vals[0] - vals[1]) - (vals[2] - vals[3])
+    assert float(ipo_loss(*t, tau=tau)) == pytest.approx((h - 1 / (2 * tau)) ** 2, rel=1e-4,
+                                                         abs=1e-4)
+    # Zero exactly when the policy's margin over the reference is 1/(2 tau).
+    assert float(ipo_loss(torch.tensor([1 / (2 * tau)]), torch.tensor([0.0]), torch.tensor([0.0]),
+                          torch.tensor([0.0]), tau=tau)) == pytest.approx(0.0, abs=1e-8)
+
+
+def test_preference_pairs():
+    pairs = preference_pairs([1, 2], [[5], [6], [5]], [0.5, 0.1, 0.9])
+    got = {(p.chosen_ids, p.rejected_ids) for p in pairs}
+    assert got == {((5,), (6,))}  # (5 vs 5) never pairs; both 5s beat 6, deduplicated by set
+    assert all(p.margin > 0 for p in pairs)
+
+
+def test_ipo_update_moves_preference_the_right_way(tiny):
+    model, tok, _, _ = tiny
+    import copy
+
+    from plasticlm.eval import encode_with_bos
+
+    policy = copy.deepcopy(model)
+    ref = copy.deepcopy(model)
+    prompt = encode_with_bos(tok, "Which layers? ")
+    chosen = tuple(tok("layers: 3", add_special_tokens=False)["input_ids"])
+    rejected = tuple(tok("layers: 0, 1", add_special_tokens=False)["input_ids"])
+    pair = PreferencePair(tuple(prompt), chosen, rejected, 1.0)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    stats = ipo_update(policy, ref, [pair], opt, SCoLConfig(ipo_epochs=3, ipo_tau=0.5))
+    assert stats["h_before"] == pytest.approx(0.0, abs=1e-6)   # policy == reference
+    assert stats["h_after"] > 0.1
+    assert stats["ipo_loss_after"] < stats["ipo_loss_before"]
+
+
+def test_stream_consolidation_and_meta_training_resume(tiny, tmp_path):
+    model, tok, passages, _ = tiny
+    ctxs = contexts_from_passages(passages)
+    train, evaluation = split_streams(ctxs, 1, 2, 2, seed=0)
+    assert not {c.id for c in train[0]} & {c.id for c in evaluation}
+    cfg = SCoLConfig(k=3, lora=LoraTrainConfig(steps=2), outer_steps=1, ipo_epochs=1,
+                     reward="intrinsic", temperature=2.0)
+    seen = []
+    final, records, pairs = consolidate_stream(model, tok, train[0], cfg, "best",
+                                               on_commit=lambda t, m: seen.append(t))
+    assert seen == [0, 1] and len(records) == 2
+    for r in records:  # the committed candidate is the best one
+        assert r.reward.total == max(c["reward"]["total"] for c in r.candidates)
+    assert all(p.margin > 0 for p in pairs)
+    meta_train(model, tok, train, cfg, tmp_path / "m", progress=False)
+    assert (tmp_path / "m" / "checkpoint" / "model.safetensors").exists()
+    cfg.outer_steps = 2
+    meta_train(model, tok, train, cfg, tmp_path / "m", resume=True, progress=False)
+    steps = [json.loads(x)["outer_step"] for x in
+             (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1]
+    state = json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())
+    assert state["outer_step"] == 2
+    with pytest.raises(PlasticError):
+        meta_train(model, tok, train, cfg, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_fisher_and_recall(tiny):
+    model, tok, passages, _ = tiny
+    f = layer_fisher(model, tok, passages[0].context)
+    assert len(f) == 4 and all(x > 0 and math.isfinite(x) for x in f)
+    assert all(p.grad is None for p in model.parameters())  # no gradients left behind
+    top = top_layers([0.1, 5.0, 3.0, 0.2], 2)
+    assert top == {1, 2}
+    assert recall([1, 3], top) == 0.5
+    exact, sampled = random_recall(2, top, 4, samples=2000)
+    assert exact == 0.5 and sampled == pytest.approx(0.5, abs=0.05)
+
+
+def test_cli_squad_experiment_quick(tiny, tmp_path):
+    from plasticlm.cli import scol
+
+    _, _, _, folder = tiny
+    parser = argparse.ArgumentParser()
+    scol.register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "exp"
+    args = parser.parse_args(["scol", "experiment", "squad", "--quick", "--no-progress",
+                              "--model", str(folder / "model"), "--squad",
+                              str(folder / "squad.json"), "--out", str(out),
+                              "--set", "scol.reward=intrinsic"])
+    assert args.func(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["methods"]) == {"scol", "scol_lambda0", "scol_random", "sequential_ft",
+                                      "batch_ttt", "prompting", "summarisation"}
+    for entry in report["methods"].values():
+        m = entry["matrix_em"]
+        assert [len(r) for r in m] == [1, 2, 3]   # lower-triangular, 3 contexts
+    assert report["config"]["scol"]["reward"] == "intrinsic"
+    for png in ("matrices.png", "summary.png", "layers.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "paper immediate" in (out / "report.md").read_text()
+
+
+def test_cli_train_resume_then_run(tiny, tmp_path):
+    from plasticlm.cli import scol
+
+    _, _, _, folder = tiny
+    parser = argparse.ArgumentParser()
+    scol.register(parser.add_subparsers(dest="command"))
+    common = ["--quick", "--no-progress", "--model", str(folder / "model"), "--squad",
+              str(folder / "squad.json"), "--set", "scol.reward=intrinsic"]
+    train_out = tmp_path / "train"
+    args = parser.parse_args(["scol", "train", *common, "--out", str(train_out)])
+    assert args.func(args) == 0
+    args = parser.parse_args(["scol", "train", *common, "--out", str(train_out), "--resume",
+                              "--set", "scol.outer_steps=2"])
+    assert args.func(args) == 0
+    assert len((train_out / "metrics.jsonl").read_text().splitlines()) == 2
+    run_out = tmp_path / "run"
+    args = parser.parse_args(["scol", "run", *common, "--policy", str(train_out / "checkpoint"),
+                              "--out", str(run_out)])
+    assert args.func(args) == 0
+    report = json.loads((run_out / "report.json").read_text())
+    assert len(report["layers"]) == 3 and all(report["layers"])
+    assert (run_out / "consolidated" / "model.safetensors").exists()
+
+
+def test_real_squad_file_makes_streams(shared_data):
+    from plasticlm.data.squad import load_squad
+
+    ctxs = contexts_from_passages(load_squad(shared_data / "squad" / "xquad.en.json"))
+    assert len(ctxs) == 240 and all(c.questions for c in ctxs)
+    train, evaluation = split_streams(ctxs, 4, 8, 100, seed=0)
+    assert len(evaluation) == 100 and sum(len(s) for s in train) == 32
+    with pytest.raises(PlasticError):
+        split_streams(ctxs, 10, 20, 100)
