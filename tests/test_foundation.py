@@ -92,4 +92,4 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "held-out MC" in out and "| fednl |" in out and "| fedavg |" in out
     stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
-    assert stages[-3:] == ["sandbox", "memory", "fednl"]
+    assert stages[-5:] == ["sandbox", "memory", "fednl", "refine", "scol"]

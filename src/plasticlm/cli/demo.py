@@ -12,8 +12,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "also pre-trains the sandbox models)",
                        description="The main job end to end: import a real llama2.c model "
                        "(when ../shared/data is there), pre-train (or reuse) the sandbox model "
-                       "family, stream 4K tokens through the memory in constant space, and run "
-                       "FedNL against FedAvg on Flower with five domain clients.")
+                       "family, stream 4K tokens through the memory in constant space, run "
+                       "FedNL against FedAvg on Flower with five domain clients, fuse the "
+                       "specialist's cache into the receiver (FedRefine), and consolidate a "
+                       "stream of passages into the receiver's weights (SCoL).")
     p.add_argument("--quick", action="store_true", help="the seconds-long quick preset (tests)")
     p.add_argument("--out", default="runs/demo", help="run folder")
     p.set_defaults(func=run_demo)
@@ -103,6 +105,35 @@ def _federated(run, preset: str, quick: bool) -> None:
     run.log(stage="fednl", summaries=summaries)
 
 
+def _refine(run, preset: str, quick: bool) -> None:
+    from plasticlm.refine.experiment import ExperimentConfig, markdown_table, run_experiment
+    from plasticlm.refine.train import FuserTrainConfig
+
+    print("== 5. FedRefine: the specialist's KV cache fused into the receiver's ==")
+    cfg = ExperimentConfig(receiver=f"{preset}:receiver", transmitters=(f"{preset}:specialist",),
+                           max_train=16 if quick else 60, max_eval=8 if quick else 30,
+                           fuser=FuserTrainConfig(epochs=1 if quick else 4),
+                           out=str(run.path / "refine"), progress=False)
+    report = run_experiment(cfg)
+    print(markdown_table(report))
+    run.log(stage="refine")
+
+
+def _scol(run, preset: str, quick: bool) -> None:
+    from plasticlm.scol.experiment import ExperimentConfig, quick_config, run_squad
+
+    print("== 6. SCoL: a stream of passages consolidated into the weights ==")
+    cfg = quick_config() if quick else ExperimentConfig(train_streams=2, stream_length=4,
+                                                        eval_length=8)
+    cfg.preset = preset
+    cfg.methods = ("scol", "sequential_ft", "prompting")
+    if not quick:
+        cfg.scol.outer_steps = 2
+    report = run_squad(cfg, run.path / "scol", progress=not quick)
+    print((run.path / "scol" / "report.md").read_text())
+    run.log(stage="scol", methods=sorted(report.get("methods", {})))
+
+
 def run_demo(args) -> int:
     import shutil
 
@@ -116,5 +147,7 @@ def run_demo(args) -> int:
     _sandbox(run, preset)
     _memory(run, preset, 2048 if args.quick else 4096)
     _federated(run, preset, args.quick)
+    _refine(run, preset, args.quick)
+    _scol(run, preset, args.quick)
     print(f"run folder: {run.path}")
     return 0
