@@ -349,6 +349,32 @@ def sandbox_model(name: str, preset: str = "sandbox", progress: bool = True) -> 
     return ensure_sandbox_models(preset, progress)[name]
 
 
+def sandbox_preset_of(spec: str) -> str | None:
+    """The preset a spec names: ``"sandbox"`` and ``"quick"`` as themselves,
+    ``"sandbox-quick"`` as ``"quick"``; None for anything else (a path, a hub id)."""
+    if spec in PRESETS:
+        return spec
+    if spec.startswith("sandbox-") and spec[len("sandbox-"):] in PRESETS:
+        return spec[len("sandbox-"):]
+    return None
+
+
+def resolve_model_spec(spec: str) -> str:
+    """``<preset>:<name>`` (``sandbox:receiver``, ``quick:specialist``,
+    ``sandbox-quick:receiver``) -> the pre-trained sandbox folder, trained when missing;
+    any other spec (a local folder or a hub id) unchanged."""
+    head, _, name = spec.partition(":")
+    preset = sandbox_preset_of(head) if name else None
+    return str(sandbox_model(name, preset=preset)) if preset else spec
+
+
+def resolve_data_spec(spec: str) -> Path:
+    """A preset name (``sandbox``, ``quick``, ``sandbox-quick``) -> its world folder; any
+    other spec -> that folder."""
+    preset = sandbox_preset_of(spec)
+    return Path(sandbox_world(preset)) if preset else Path(spec)
+
+
 def sandbox_world(preset: str = "sandbox", progress: bool = True) -> Path:
     """The world folder the preset's models were trained on."""
     ensure_sandbox_models(preset, progress)

@@ -15,7 +15,7 @@ class FedNLConfig:
     """Everything a federated run needs; the server sends it to every client as JSON."""
 
     name: str = "fednl-sandbox"
-    model: str = "sandbox:receiver"   # "sandbox:<model>" or a local HF folder / hub id
+    model: str = "sandbox:receiver"   # "<preset>:<model>" (sandbox, quick) or an HF folder / hub id
     data: str = "sandbox"             # "sandbox" (the world) or a world / MMLU folder
     split: str = "domain"             # domain (5 clients) | dirichlet | niah (7 clients)
     num_clients: int = 5              # dirichlet only; domain always has 5

@@ -3,42 +3,13 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import torch
 
+from plasticlm.data.sandbox import resolve_data_spec, resolve_model_spec
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import get_theta, prepare_model
 from plasticlm.fednl.task import ClientTask, client_tasks
-
-
-def _sandbox_preset(spec: str) -> str | None:
-    """"sandbox" -> "sandbox", "sandbox-quick" -> "quick", anything else -> None."""
-    if spec == "sandbox":
-        return "sandbox"
-    if spec.startswith("sandbox-"):
-        return spec[len("sandbox-"):]
-    return None
-
-
-def resolve_model_path(spec: str) -> str:
-    """``sandbox[-preset]:<name>`` -> the pre-trained sandbox folder; else unchanged."""
-    head, _, name = spec.partition(":")
-    preset = _sandbox_preset(head) if name else None
-    if preset is None:
-        return spec
-    from plasticlm.data.sandbox import sandbox_model
-
-    return str(sandbox_model(name, preset=preset))
-
-
-def resolve_data_path(spec: str) -> Path:
-    preset = _sandbox_preset(spec)
-    if preset is None:
-        return Path(spec)
-    from plasticlm.data.sandbox import sandbox_world
-
-    return Path(sandbox_world(preset))
 
 
 @functools.lru_cache(maxsize=4)
@@ -49,10 +20,10 @@ def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
 
         from plasticlm.fednl.task import niah_tasks
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
-        return tuple(niah_tasks(resolve_data_path(cfg.data), tokenizer, cfg.niah_length,
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
+        return tuple(niah_tasks(resolve_data_spec(cfg.data), tokenizer, cfg.niah_length,
                                 cfg.max_train, cfg.max_test, cfg.seed))
-    return tuple(client_tasks(resolve_data_path(cfg.data), cfg.split, cfg.num_clients, cfg.alpha,
+    return tuple(client_tasks(resolve_data_spec(cfg.data), cfg.split, cfg.num_clients, cfg.alpha,
                               cfg.max_train, cfg.max_test, cfg.seed))
 
 
@@ -66,7 +37,7 @@ def build_model(cfg: FedNLConfig):
     ``cfg.seed``, so the server and every client start from the same theta."""
     from plasticlm.models import load_causal_lm
 
-    model, tokenizer = load_causal_lm(resolve_model_path(cfg.model), dtype=torch.float32)
+    model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model), dtype=torch.float32)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = prepare_model(model, cfg.method)

@@ -57,13 +57,13 @@ class ExperimentConfig:
 
 
 def resolve_model(spec: str) -> tuple[str, Path | str]:
-    """``sandbox:NAME`` / ``quick:NAME`` (pre-trained sandbox models) or a path / hub id."""
-    if ":" in spec and spec.split(":", 1)[0] in ("sandbox", "quick"):
-        from plasticlm.data.sandbox import sandbox_model
+    """(display name, folder or hub id) of ``sandbox:NAME`` / ``quick:NAME`` (pre-trained
+    sandbox models) or a path / hub id."""
+    from plasticlm.data.sandbox import resolve_model_spec
 
-        preset, name = spec.split(":", 1)
-        return name, sandbox_model(name, preset)
-    return Path(spec).name or spec, spec
+    name = spec.partition(":")[2]
+    resolved = resolve_model_spec(spec)
+    return (name, Path(resolved)) if resolved != spec else (Path(spec).name or spec, spec)
 
 
 def load_peer(spec: str) -> Peer:
