@@ -1,89 +1,103 @@
-"""Can the sandbox receiver learn to retrieve needles? Fine-tune a copy on *fresh* NIAH
-drills (new haystacks and needles every step, training-corpus filler) and score NIAH on
-the validation filler before and after, by greedy generation (RULER's exact score) and by
-4-way log-likelihood choice (chance 25%).
+"""What fresh NIAH drills do to the sandbox receiver, in one run: pre-train the preset's
+receiver (its spec, seed and corpus, no drills), then fine-tune copies on never-repeated
+single-needle drills with (a) the answer's loss only and (b) the answer's plus the
+haystack's loss (the preset's choice: the haystack is the world's sentences, so it replays
+the corpus). Each model is scored on NIAH (greedy generation, RULER's exact score, and
+4-way choice, chance 25%) on the validation filler, and on held-out world MC questions.
 
-The pre-trained receiver saw 500 fixed drills about 8 times each and memorised them
-instead of learning to copy; this measures whether fresh drills teach the copy.
-
-    python bench/niah_drills.py [--steps 400] [--out bench/results/niah_drills.json]
+    python bench/niah_drills.py [--steps 400] [--eval-samples 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-import random
+import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from plasticlm.data.corpus import load_text_corpus
-from plasticlm.data.niah import generate_niah, haystack_sentences
-from plasticlm.data.sandbox import evaluate_niah, sandbox_model, sandbox_world
-from plasticlm.eval import encode_pair
-from plasticlm.models import load_causal_lm
-
-
-def drill_batch(tokenizer, hay, batch: int, length: int, seed: int):
-    """(input_ids, labels) of fresh single-needle samples; loss only on the answer."""
-    pairs = [encode_pair(tokenizer, s.prompt, s.target)
-             for s in generate_niah("single", batch, length, hay, seed=seed)]
-    width = max(len(c) + len(a) for c, a in pairs)
-    ids = torch.zeros(batch, width, dtype=torch.long)
-    labels = torch.full((batch, width), -100)
-    for i, (c, a) in enumerate(pairs):
-        ids[i, : len(c) + len(a)] = torch.tensor(c + a)
-        labels[i, len(c) : len(c) + len(a)] = torch.tensor(a)
-    return ids, labels
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
+    from plasticlm.data.niah import haystack_sentences
+    from plasticlm.data.sandbox import (
+        PRESETS,
+        _blocks,
+        _build,
+        evaluate_niah,
+        evaluate_world_mc,
+        niah_drill_batch,
+        train_niah_drills,
+    )
+    from plasticlm.data.world import generate_world, write_world
+    from plasticlm.models import train_bpe_tokenizer, train_lm, train_steps
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=400, help="drill steps")
     ap.add_argument("--eval-samples", type=int, default=40)
-    ap.add_argument("--out", default="bench/results/niah_drills.json")
+    ap.add_argument("--out", default=str(RESULTS / "niah_drills.json"))
     args = ap.parse_args()
 
-    torch.manual_seed(0)
-    model, tok = load_causal_lm(sandbox_model("receiver"))
-    world = sandbox_world()
-    train_hay = haystack_sentences(load_text_corpus(world / "corpus" / "train.txt"))
-    eval_hay = haystack_sentences(load_text_corpus(world / "corpus" / "valid.txt"))
-    probes = [("single", 128), ("single", 224), ("multikey", 224)]
-    before = evaluate_niah(model, tok, eval_hay, probes, args.eval_samples)
+    p = PRESETS["sandbox"]
+    spec = next(m for m in p.models if m.name == "receiver")
+    tspec = next(t for t in p.tokenizers if t.name == spec.tokenizer)
+    world = generate_world(p.world)
+    world_dir = write_world(world, Path("runs") / "niah_drills_world")
+    tok = train_bpe_tokenizer(world.train_docs, vocab_size=tspec.vocab_size)
+    torch.manual_seed(spec.seed)
+    t0 = time.time()
+    base = _build(replace(spec, drill_steps=0), len(tok), max(2048, 4 * p.seq_len))
+    train_lm(base, _blocks(tok, world.train_docs, p.seq_len), spec.steps,
+             batch_size=spec.batch_size, lr=spec.lr, warmup=min(50, spec.steps // 5 + 1),
+             seed=spec.seed, desc="pre-train receiver")
+    pretrain_seconds = time.time() - t0
+    drill_hay = haystack_sentences(world.train_docs)
+    eval_hay = haystack_sentences(world.valid_docs)
+    probes = (("single", 128), ("single", 224), ("multikey", 224))
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    rng = random.Random(0)
-    losses, t0 = [], time.time()
-    model.train()
-    for step in range(args.steps):
-        ids, labels = drill_batch(tok, train_hay, args.batch, rng.choice([64, 96, 128]),
-                                  seed=10_000 + step)
-        logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(),
-                               ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(round(loss.item(), 4))
-        if step % 50 == 0:
-            print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)", flush=True)
-    model.eval()
-    train_seconds = time.time() - t0
-    after = evaluate_niah(model, tok, eval_hay, probes, args.eval_samples)
-    result = {"steps": args.steps, "batch": args.batch, "lr": args.lr,
-              "train_seconds": round(train_seconds, 1), "loss_every_50": losses[::50],
-              "before": before, "after": after}
+    def answer_only(model) -> list[float]:
+        def loss_at(step: int) -> torch.Tensor:
+            ids, labels = niah_drill_batch(tok, drill_hay, p.drill_batch_size,
+                                           p.drill_lengths[step % len(p.drill_lengths)],
+                                           seed=1_000_000 + step)
+            logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
+            return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+        return train_steps(model, loss_at, args.steps, lr=p.drill_lr, warmup=20,
+                           desc="drills, answer loss")
+
+    variants = {"no drills": None, "drills, answer loss only": answer_only,
+                "drills, answer + haystack loss (preset)": lambda m: train_niah_drills(
+                    m, tok, drill_hay, args.steps, p.drill_lengths, p.drill_batch_size,
+                    p.drill_lr, seed=spec.seed)}
+    rows = {}
+    for name, drill in variants.items():
+        model = copy.deepcopy(base)
+        t = time.time()
+        losses = drill(model) if drill else []
+        rows[name] = {"drill_seconds": round(time.time() - t, 1),
+                      "drill_loss_every_50": [round(x, 4) for x in losses[::50]],
+                      "mc_core_heldout": evaluate_world_mc(model, tok, world_dir, "core")["all"],
+                      "niah": evaluate_niah(model, tok, eval_hay, probes, args.eval_samples)}
+    result = {"steps": args.steps, "batch_size": p.drill_batch_size, "lr": p.drill_lr,
+              "pretrain_seconds": round(pretrain_seconds, 1),
+              "torch_threads": torch.get_num_threads(), "variants": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    for key in before:
-        print(f"{key}: generation {before[key]['score']:.3f} -> {after[key]['score']:.3f}, "
-              f"choice {before[key]['choice']:.3f} -> {after[key]['choice']:.3f}")
+    head = "| receiver | held-out MC | " + " | ".join(
+        f"{t}/{n} gen / choice" for t, n in probes) + " |"
+    print(head + "\n|" + "---|" * (2 + len(probes)))
+    for name, r in rows.items():
+        cells = [f"{100 * r['niah'][f'{t}/{n}']['score']:.1f}% / "
+                 f"{100 * r['niah'][f'{t}/{n}']['choice']:.1f}%" for t, n in probes]
+        print(f"| {name} | {100 * r['mc_core_heldout']['accuracy']:.1f}% | "
+              + " | ".join(cells) + " |")
     print(f"wrote {args.out}")
 
 

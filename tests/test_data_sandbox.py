@@ -15,10 +15,12 @@ from plasticlm.data.sandbox import (
     TextPretrainConfig,
     ensure_sandbox_models,
     mc_accuracy,
+    niah_drill_batch,
     preset_dir,
     pretrain_preset,
     pretrain_text,
     sandbox_model,
+    train_niah_drills,
 )
 from plasticlm.errors import PlasticError
 
@@ -48,6 +50,8 @@ def test_quick_preset_writes_loadable_family(quick):
         assert {"valid_loss", "unigram_loss", "train_seconds"} <= set(entry)
     assert archs == {"qwen3", "llama"} and len(vocabs) == 2
     assert "single/160" in report["models"]["receiver"]["niah"]
+    before = report["models"]["receiver"]["before_drills"]
+    assert "single/160" in before["niah"] and before["mc_core_heldout"]["n"] > 0
     assert json.loads((out / "report.json").read_text())["preset"] == "quick"
     assert (out / "world" / "world.json").exists()
 
@@ -75,6 +79,41 @@ def test_mc_accuracy_matches_unbatched_reference(quick):
             scores.append(sum(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(cont)))
         reference.append(max(range(4), key=scores.__getitem__) == q.answer_index)
     assert mc_accuracy(model, tok, qs) == reference
+
+
+def test_niah_drill_batch_labels_only_the_answer(quick):
+    from plasticlm.data.corpus import load_text_corpus
+    from plasticlm.data.niah import generate_niah, haystack_sentences
+    from plasticlm.models import load_causal_lm
+
+    out, _ = quick
+    _, tok = load_causal_lm(out / "receiver")
+    hay = haystack_sentences(load_text_corpus(out / "world" / "corpus" / "train.txt"))
+    ids, labels = niah_drill_batch(tok, hay, 3, 60, seed=5)
+    assert ids.shape == labels.shape and ids.shape[0] == 3
+    samples = generate_niah("single", 3, 60, hay, seed=5)
+    for row_ids, row_labels, s in zip(ids, labels, samples):
+        answer = row_ids[row_labels != -100].tolist()
+        assert tok.decode(answer).strip() == s.target.strip()
+    other, _ = niah_drill_batch(tok, hay, 3, 60, seed=6)
+    assert not (other.shape == ids.shape and bool((other == ids).all()))
+
+
+def test_niah_drills_lower_the_drill_loss(quick):
+    """Drills train: the loss of the last steps is below that of the first."""
+    from plasticlm.data.corpus import load_text_corpus
+    from plasticlm.data.niah import haystack_sentences
+    from plasticlm.models import build_tiny, load_causal_lm
+
+    out, _ = quick
+    _, tok = load_causal_lm(out / "receiver")
+    hay = haystack_sentences(load_text_corpus(out / "world" / "corpus" / "train.txt"))
+    model = build_tiny("qwen3", vocab_size=len(tok), hidden_size=32, num_layers=1,
+                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
+    losses = train_niah_drills(model, tok, hay, 30, lengths=(48,), batch_size=4, lr=3e-3,
+                               progress=False)
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
 
 
 def test_ensure_reuses_trained_models(quick, monkeypatch):

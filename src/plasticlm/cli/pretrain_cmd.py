@@ -14,7 +14,7 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
         description="--preset NAME trains the preset's world, tokenizers and models into the "
         "cache (cache_home()/models/sandbox[-NAME]) and writes report.json; --text FILE --out DIR "
         "trains a tokenizer and one model on a plain-text corpus.")
-    q.add_argument("--preset", default=None, help="sandbox (about 10 min on 2 cores) or quick")
+    q.add_argument("--preset", default=None, help="sandbox (about 8.5 min on 2 idle cores) or quick")
     q.add_argument("--text", default=None, help="plain-text corpus, documents separated by "
                    "<|endoftext|>")
     q.add_argument("--out", default=None, help="output folder (required with --text)")

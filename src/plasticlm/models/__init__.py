@@ -7,12 +7,13 @@ from plasticlm.models.pretrain import (
     pack_corpus,
     train_bpe_tokenizer,
     train_lm,
+    train_steps,
     unigram_loss,
 )
 from plasticlm.models.tiny import ARCHS, build_tiny, tiny_config
 
 __all__ = [
     "ARCHS", "SUPPORTED_MODEL_TYPES", "build_tiny", "describe", "evaluate_loss",
-    "from_llama2c", "import_llama2c", "load_causal_lm", "pack_corpus", "tiny_config",
-    "train_bpe_tokenizer", "train_lm", "unigram_loss",
+    "from_llama2c", "import_llama2c", "load_causal_lm", "pack_corpus",
+    "tiny_config", "train_bpe_tokenizer", "train_lm", "train_steps", "unigram_loss",
 ]

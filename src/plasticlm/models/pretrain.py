@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -75,11 +75,11 @@ def unigram_loss(train_blocks: torch.Tensor, eval_blocks: torch.Tensor, vocab_si
     return -logp[eval_blocks[:, 1:].flatten()].mean().item()
 
 
-def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 2e-3,
-             warmup: int = 50, weight_decay: float = 0.01, seed: int = 0,
-             desc: str = "pre-train", progress: bool = True) -> list[float]:
-    """AdamW with linear warm-up and cosine decay over random blocks; returns the losses."""
-    gen = torch.Generator().manual_seed(seed)
+def train_steps(model, loss_at: Callable[[int], torch.Tensor], steps: int, lr: float = 2e-3,
+                warmup: int = 50, weight_decay: float = 0.01, desc: str = "train",
+                progress: bool = True) -> list[float]:
+    """AdamW with linear warm-up, cosine decay to 10% and gradient clipping at 1;
+    ``loss_at(step)`` computes one step's loss. Returns the losses."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
 
@@ -92,9 +92,8 @@ def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: 
     model.train()
     losses = []
     bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
-    for _ in bar:
-        idx = torch.randint(len(blocks), (min(batch_size, len(blocks)),), generator=gen)
-        loss = lm_loss(model, blocks[idx])
+    for step in bar:
+        loss = loss_at(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -104,3 +103,16 @@ def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: 
         bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
     return losses
+
+
+def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 2e-3,
+             warmup: int = 50, weight_decay: float = 0.01, seed: int = 0,
+             desc: str = "pre-train", progress: bool = True) -> list[float]:
+    """:func:`train_steps` over random blocks ``[N, T+1]``; returns the losses."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def loss_at(_step: int) -> torch.Tensor:
+        idx = torch.randint(len(blocks), (min(batch_size, len(blocks)),), generator=gen)
+        return lm_loss(model, blocks[idx])
+
+    return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress)
