@@ -138,4 +138,4 @@ def test_completion_logprob_and_entropy(tiny):
     ref = sum(float(logits[len(ids) - 1 + j, t]) for j, t in enumerate(a.token_ids))
     assert float(lp.detach()) == pytest.approx(ref / len(a.token_ids), abs=1e-5)
     ent = constrained_entropy(model, ids, a.token_ids, g)
-    assert ent.requires_grad and 0 <= float(ent) <= torch.log(torch.tensor(300.0))
+    assert ent.requires_grad and 0 <= float(ent.detach()) <= torch.log(torch.tensor(300.0))
