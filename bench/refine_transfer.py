@@ -6,8 +6,8 @@ The specialist read Q/A lines about its `dev` entities, so it knows those facts 
 questions are split in two folds by entity. For each fold, fusers are trained on the other
 fold's questions plus the `val` and `test` questions, and scored on the held-out fold,
 whose entities no fuser saw. Two transmitters: the specialist, and a control that never
-read these facts (transmitter-llama, the specialist's tokenizer); two fusion modes:
-`aligned` and `prefix` with 2 draft tokens. Knowledge transfers only if the specialist's
+read these facts (transmitter-llama, the specialist's tokenizer); three fusions: `aligned`,
+`prefix` with 2 draft tokens, and `prefix` sharing only 3 drafted tokens (`share="draft"`). Knowledge transfers only if the specialist's
 fuser beats the control's on held-out entities; beating the receiver alone is not enough
 (a fuser can shift the receiver toward answers frequent in training through any cache).
 The training questions' own accuracy shows memorisation. Writes a JSON report.
@@ -26,7 +26,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FUSIONS = {"aligned": {"mode": "aligned"}, "prefix+draft": {"mode": "prefix", "draft_tokens": 2}}
+FUSIONS = {"aligned": {"mode": "aligned"},
+           "prefix+draft": {"mode": "prefix", "draft_tokens": 2},
+           "draft-only": {"mode": "prefix", "draft_tokens": 3, "share": "draft"}}
 
 
 def main() -> None:

@@ -195,6 +195,34 @@ def test_prefix_mode_with_rephrased_prompt_of_other_length(peers):
         FedRefine(r, [Link(t1, g)], RefineConfig(private=True)).prepare(PROMPT, "c2c")
 
 
+def test_draft_only_prefix_shares_only_the_drafted_tokens(peers):
+    from plasticlm.refine.modes import transmitter_ids
+
+    r, t1, _ = peers
+    f = _perturbed(Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix", draft_tokens=3,
+                                  share="draft"))
+    full = _perturbed(Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix",
+                                     draft_tokens=3))
+    prompt_len = len(t1.tokenizer(PROMPT)["input_ids"]) + 1     # + BOS
+    drafted = len(transmitter_ids(t1, PROMPT, 3)) - prompt_len
+    assert 0 < drafted <= 3
+    prep = FedRefine(r, [Link(t1, f)]).prepare(PROMPT, "c2c")
+    assert prep.cache.length == 1 + drafted                   # receiver BOS + the draft
+    tc, _ = extract_cache(t1.model, torch.tensor([transmitter_ids(t1, PROMPT, 3)]))
+    pre = f.prefix(tc, r.layout, start=1, prompt_length=prompt_len)
+    assert pre.token_ids[0].tolist() == tc.token_ids[0, prompt_len:].tolist()
+    with pytest.raises(PlasticError, match="prompt_length"):
+        f.prefix(tc, r.layout, start=1)
+    s_draft = FedRefine(r, [Link(t1, f)]).score(PROMPT, CHOICES, "c2c")
+    s_full = FedRefine(r, [Link(t1, full)]).score(PROMPT, CHOICES, "c2c")
+    assert 0 < s_draft.wire_bytes < s_full.wire_bytes
+    for bad in ({"mode": "aligned", "draft_tokens": 3}, {"mode": "prefix", "draft_tokens": 0}):
+        with pytest.raises(PlasticError, match="share='draft'"):
+            Fuser.for_pair(r.layout, t1.layout, rank=4, share="draft", **bad)
+    with pytest.raises(PlasticError, match="unknown share"):
+        Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix", share="some")
+
+
 def test_all_modes_run_and_cost(peers):
     r, t1, t2 = peers
     f1 = _perturbed(Fuser.for_pair(r.layout, t1.layout, rank=4), 1)

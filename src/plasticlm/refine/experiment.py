@@ -48,6 +48,9 @@ class ExperimentConfig:
     fuser: FuserTrainConfig = field(default_factory=FuserTrainConfig)
     private_rank: int = 32
     private_draft_tokens: int = 2     # see FuserConfig.draft_tokens
+    # Draft-only prefix fusers (FuserConfig.share="draft"), one per transmitter, with this
+    # many drafted tokens; 0 leaves their rows out.
+    draft_only_tokens: int = 3
     rounds: int = 1
     t2t_max_new_tokens: int = 8
     fusers_from: str = ""            # a previous run folder whose fusers/ to reuse
@@ -153,6 +156,11 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
                              f"{peers[0].name}-private"))
     reverse = _fuser(run.path, f"{receiver.name}-to-{peers[0].name}", reuse,
                      trainer(peers[0], receiver, examples, aligned, f"reverse-{peers[0].name}"))
+    draft_cfg = replace(cfg.fuser, mode="prefix", private=False, share="draft",
+                        draft_tokens=cfg.draft_only_tokens)
+    draft_fusers = [_fuser(run.path, f"{t.name}-to-{receiver.name}-draft", reuse,
+                           trainer(receiver, t, examples, draft_cfg, f"{t.name}-draft"))
+                    for t in peers] if cfg.draft_only_tokens > 0 else []
 
     base = RefineConfig(rounds=cfg.rounds, t2t_max_new_tokens=cfg.t2t_max_new_tokens)
     links = [Link(p, f) for p, f in zip(peers, fusers)]
@@ -176,6 +184,16 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
         rows.append((f"multi x{len(peers)} (sequence)", "sequence", "multi", len(peers)))
         rows.append((f"t2t x{len(peers)}", "main", "t2t", len(peers)))
     rows.append(("co-c2c", "main", "co-c2c", 1))
+    if draft_fusers:
+        draft_links = [Link(p, f) for p, f in zip(peers, draft_fusers)]
+        systems["draft"] = FedRefine(receiver, draft_links, base)
+        rows.append(("c2c draft-only (prefix)", "draft", "c2c", 1))
+        for i, p in enumerate(peers[1:], 1):
+            systems[f"draft-only-{i}"] = FedRefine(receiver, [draft_links[i]], base)
+            rows.append((f"c2c draft-only via {p.name} only", f"draft-only-{i}", "c2c", 1))
+        if len(peers) > 1:
+            rows.append((f"multi x{len(peers)} draft-only (parallel)", "draft", "multi",
+                         len(peers)))
 
     results = {}
     for label, system, mode, n in tqdm(rows, desc="modes", disable=not cfg.progress):
@@ -203,6 +221,10 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
              for f in fusers}
     sizes["private"] = {"fuser_parameters": private.num_parameters(),
                         "ratio_to_receiver": private.num_parameters() / r_params}
+    for f in draft_fusers:
+        sizes[f"{f.config.transmitter_name} (draft-only)"] = {
+            "fuser_parameters": f.num_parameters(),
+            "ratio_to_receiver": f.num_parameters() / r_params}
     a = results["alone"]["accuracy"]
     all_label = f"multi x{len(peers)} (parallel)" if len(peers) > 1 else "c2c"
     ours = {"multi_all_vs_alone_pp": 100 * (results[all_label]["accuracy"] - a),
@@ -212,6 +234,9 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
             "c2c_vs_t2t_pp": 100 * (results["c2c"]["accuracy"] - results["t2t"]["accuracy"]),
             "c2c_vs_t2t_latency_ratio": results["c2c"]["latency_ms"]
             / max(1e-9, results["t2t"]["latency_ms"])}
+    if draft_fusers:
+        ours["draft_only_c2c_vs_alone_pp"] = 100 * (results["c2c draft-only (prefix)"]
+                                                    ["accuracy"] - a)
     leak = _leakage(peers[0], [prompt_fn(q.question) for q in test_q], fusers[0])
     report = {"receiver": receiver.name, "receiver_parameters": r_params,
               "transmitters": [p.name for p in peers], "n_train": len(train_q),
@@ -254,6 +279,9 @@ def markdown_table(report: dict) -> str:
               f"+{paper['c2c_vs_t2t_pct']}% |",
               f"| C2C / T2T latency | {ours['c2c_vs_t2t_latency_ratio']:.2f}x | "
               "much lower |"]
+    if "draft_only_c2c_vs_alone_pp" in ours:
+        lines.append(f"| C2C draft-only vs alone | {ours['draft_only_c2c_vs_alone_pp']:+.1f} pp "
+                     "| - |")
     leak = report.get("leakage")
     if leak:
         lines += ["", f"Leakage (layer {leak['layer']} inversion, token recall of the original "

@@ -29,6 +29,7 @@ from plasticlm.refine.align import derotate, layer_map, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
 
 FUSION_MODES = ("aligned", "prefix")
+SHARE_MODES = ("all", "draft")
 CONFIG_NAME = "fuser_config.json"
 WEIGHTS_NAME = "fuser.safetensors"
 
@@ -58,6 +59,10 @@ class FuserConfig:
     # shares their cache too (small transmitters form the answer after their last KV layer,
     # so the cache of the prompt alone may not hold it).
     draft_tokens: int = 0
+    # Prefix mode: which transmitter positions are shared. "all": the prompt's (after BOS)
+    # and the drafted tokens'; "draft": only the drafted tokens', so the prompt's cache
+    # never leaves the transmitter and the fuser cannot key answers on the question.
+    share: str = "all"
 
     def __post_init__(self):
         if self.mode not in FUSION_MODES:
@@ -65,6 +70,12 @@ class FuserConfig:
                                f"{', '.join(FUSION_MODES)}")
         if self.rank < 1:
             raise PlasticError(f"fuser rank must be >= 1, not {self.rank}")
+        if self.share not in SHARE_MODES:
+            raise PlasticError(f"unknown share {self.share!r}; choose one of "
+                               f"{', '.join(SHARE_MODES)}")
+        if self.share == "draft" and (self.mode != "prefix" or self.draft_tokens < 1):
+            raise PlasticError("share='draft' needs mode='prefix' and draft_tokens >= 1 (the "
+                               "drafted tokens are what is shared)")
 
     @property
     def layers(self) -> list[int]:
@@ -189,11 +200,19 @@ class Fuser(nn.Module):
                        receiver.mask, receiver.model_name)
 
     def prefix(self, transmitter: KVCache, receiver_layout: KVLayout,
-               start: torch.Tensor | int = 1, skip_first: bool = True) -> KVCache:
+               start: torch.Tensor | int = 1, skip_first: bool = True,
+               prompt_length: int | None = None) -> KVCache:
         """The transmitter cache projected into receiver K/V as extra positions starting at
-        ``start`` (int or [B]); drops the transmitter's BOS position when ``skip_first``."""
+        ``start`` (int or [B]); drops the transmitter's BOS position when ``skip_first``.
+        With ``share="draft"`` only positions from ``prompt_length`` on (the drafted tokens;
+        the last prompt position when nothing was drafted) are projected."""
         self.check(receiver_layout, transmitter.layout)
-        sl = slice(1 if skip_first and transmitter.length > 1 else 0, None)
+        first = 1 if skip_first and transmitter.length > 1 else 0
+        if self.config.share == "draft":
+            if prompt_length is None:
+                raise PlasticError("a share='draft' fuser needs the transmitter's prompt_length")
+            first = min(max(first, prompt_length), transmitter.length - 1)
+        sl = slice(first, None)
         mask = transmitter.mask[:, sl]
         start_t = torch.as_tensor(start, device=mask.device).reshape(-1, 1)
         positions = positions_from_mask(mask) + start_t

@@ -254,7 +254,8 @@ class FedRefine:
         for link in links:
             t_ids = transmitter_ids(link.peer, text, link.fuser.config.draft_tokens)
             t_cache, _ = extract_cache(link.peer.model, _row(t_ids), model_name=link.peer.name)
-            p = link.fuser.prefix(t_cache, r.layout, start=start)
+            p = link.fuser.prefix(t_cache, r.layout, start=start,
+                                  prompt_length=len(_ids(link.peer.tokenizer, text)))
             prefixes.append(p)
             start += p.length
             wire += len(text.encode()) + _cache_bytes(link.fuser, p.length)

@@ -31,6 +31,7 @@ class FuserTrainConfig:
     private: bool = False          # prefix mode: the transmitter reads rephrased prompts
     fuse_last: bool = True         # aligned mode: see FuserConfig.fuse_last
     draft_tokens: int = 0          # prefix mode: see FuserConfig.draft_tokens
+    share: str = "all"             # prefix mode: see FuserConfig.share
     epochs: int = 10
     lr: float = 2e-3
     warmup_fraction: float = 0.1
@@ -57,6 +58,7 @@ class _Prepared:
     tail: list[int]
     answer: list[int]
     start: int | None = None     # position of tail[0] when not right after the cache
+    prompt_length: int | None = None  # prefix mode: transmitter tokens before its draft
 
 
 def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
@@ -73,11 +75,12 @@ def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
     text = ex.transmitter_text or ex.prompt
     t_cache, _ = extract_cache(transmitter.model,
                                _row(transmitter_ids(transmitter, text, draft_tokens)))
+    n = len(_ids(transmitter.tokenizer, text))
     bos = receiver.tokenizer.bos_token_id
     if bos is not None and r_ids[0] == bos:
         own, _ = extract_cache(receiver.model, _row(r_ids[:1]))
-        return _Prepared(own, t_cache, None, r_ids[1:], answer)
-    return _Prepared(None, t_cache, None, r_ids, answer)
+        return _Prepared(own, t_cache, None, r_ids[1:], answer, prompt_length=n)
+    return _Prepared(None, t_cache, None, r_ids, answer, prompt_length=n)
 
 
 def fused_state(fuser: Fuser, p: _Prepared, receiver_layout) -> KVCache:
@@ -85,7 +88,8 @@ def fused_state(fuser: Fuser, p: _Prepared, receiver_layout) -> KVCache:
     if fuser.config.mode == "aligned":
         return fuser.fuse_aligned(p.own, p.transmitter, p.index)
     start = 1 if p.own is not None else 0
-    prefix = fuser.prefix(p.transmitter, receiver_layout, start=start)
+    prefix = fuser.prefix(p.transmitter, receiver_layout, start=start,
+                          prompt_length=p.prompt_length)
     return concat_caches(p.own, prefix) if p.own is not None else prefix
 
 
@@ -130,7 +134,7 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
     fuser = Fuser.for_pair(receiver.layout, transmitter.layout, rank=cfg.rank,
                            layer_map=cfg.layer_map, mode=cfg.mode, receiver_name=receiver.name,
                            transmitter_name=transmitter.name, fuse_last=cfg.fuse_last,
-                           draft_tokens=cfg.draft_tokens)
+                           draft_tokens=cfg.draft_tokens, share=cfg.share)
     device = next(receiver.model.parameters()).device
     fuser.to(device)
     prepared = [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
