@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -33,11 +32,10 @@ def main() -> None:
         _build,
         evaluate_niah,
         evaluate_world_mc,
-        niah_drill_batch,
         train_niah_drills,
     )
     from plasticlm.data.world import generate_world, write_world
-    from plasticlm.models import train_bpe_tokenizer, train_lm, train_steps
+    from plasticlm.models import train_bpe_tokenizer, train_lm
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400, help="drill steps")
@@ -62,20 +60,13 @@ def main() -> None:
     eval_hay = haystack_sentences(world.valid_docs)
     probes = (("single", 128), ("single", 224), ("multikey", 224))
 
-    def answer_only(model) -> list[float]:
-        def loss_at(step: int) -> torch.Tensor:
-            ids, labels = niah_drill_batch(tok, drill_hay, p.drill_batch_size,
-                                           p.drill_lengths[step % len(p.drill_lengths)],
-                                           seed=1_000_000 + step)
-            logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
-            return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
-        return train_steps(model, loss_at, args.steps, lr=p.drill_lr, warmup=20,
-                           desc="drills, answer loss")
+    def drills(replay: bool):
+        return lambda m: train_niah_drills(m, tok, drill_hay, args.steps, p.drill_lengths,
+                                           p.drill_batch_size, p.drill_lr, seed=spec.seed,
+                                           replay=replay)
 
-    variants = {"no drills": None, "drills, answer loss only": answer_only,
-                "drills, answer + haystack loss (preset)": lambda m: train_niah_drills(
-                    m, tok, drill_hay, args.steps, p.drill_lengths, p.drill_batch_size,
-                    p.drill_lr, seed=spec.seed)}
+    variants = {"no drills": None, "drills, answer loss only": drills(False),
+                "drills, answer + haystack loss (preset)": drills(True)}
     rows = {}
     for name, drill in variants.items():
         model = copy.deepcopy(base)

@@ -37,3 +37,12 @@ def _isolated_home(tmp_path_factory):
         os.environ.pop("PLASTICLM_HOME", None)
     else:
         os.environ["PLASTICLM_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch intra-op thread for a test module, restored after it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

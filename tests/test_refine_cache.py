@@ -31,13 +31,8 @@ PROMPT = "Q: Which organ does Kalomira act on? A:"
 CHOICES = ["liver", "heart", "lung", "skin"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared CPU: one intra-op thread is much faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models on a shared CPU: one intra-op thread is much faster than two.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

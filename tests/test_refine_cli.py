@@ -11,14 +11,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Fuser, kv_layout
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared CPU: one intra-op thread is much faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models on a shared CPU: one intra-op thread is much faster than two.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _parser():

@@ -14,13 +14,8 @@ ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]
 SYLLABLES = ["ka", "lo", "mi", "zu", "ren", "tor", "vex", "pa", "qui", "dol", "sar", "nim"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared CPU: one intra-op thread is much faster than two."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny models on a shared CPU: one intra-op thread is much faster than two.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _question(name: str) -> str:

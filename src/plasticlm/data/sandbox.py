@@ -267,12 +267,13 @@ def niah_drill_batch(tokenizer, sentences: list[str], batch_size: int, length: i
 
 def train_niah_drills(model, tokenizer, sentences: list[str], steps: int,
                       lengths: tuple[int, ...] = (64, 96, 128), batch_size: int = 16,
-                      lr: float = 1e-3, seed: int = 0, progress: bool = True) -> list[float]:
+                      lr: float = 1e-3, seed: int = 0, replay: bool = True,
+                      progress: bool = True) -> list[float]:
     """Fine-tune ``model`` on ``steps`` batches of never-repeated single-needle drills whose
-    haystack is ``sentences``. Each step's loss is the answer's cross-entropy plus that of
-    the haystack text: with the world's own sentences as haystack, the second term replays
-    the corpus, so the model learns to copy without forgetting the world (answer loss alone
-    took its held-out MC accuracy from 52% to 31%). Returns the per-step losses."""
+    haystack is ``sentences``. Each step's loss is the answer's cross-entropy plus, with
+    ``replay``, that of the haystack text: with the world's own sentences as haystack, the
+    second term replays the corpus, so the model learns to copy without forgetting the world
+    (answer loss alone took its held-out MC accuracy from 52% to 31%). Returns the losses."""
     import torch.nn.functional as F
 
     from plasticlm.models import train_steps
@@ -286,8 +287,10 @@ def train_niah_drills(model, tokenizer, sentences: list[str], steps: int,
                                        seed=1_000_000 + 10_007 * seed + step)
         text = ids.masked_fill((answer != -100) | (ids == pad), -100)
         logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
-        return (F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
-                + F.cross_entropy(logits, text[:, 1:].flatten(), ignore_index=-100))
+        loss = F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
+        if replay:
+            loss = loss + F.cross_entropy(logits, text[:, 1:].flatten(), ignore_index=-100)
+        return loss
 
     return train_steps(model, loss_at, steps, lr=lr, warmup=min(20, steps // 5 + 1),
                        desc="NIAH drills", progress=progress)
