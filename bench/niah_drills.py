@@ -26,16 +26,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main() -> None:
     from plasticlm.data.niah import haystack_sentences
-    from plasticlm.data.sandbox import (
-        PRESETS,
-        _blocks,
-        _build,
-        evaluate_niah,
-        evaluate_world_mc,
-        train_niah_drills,
-    )
     from plasticlm.data.world import generate_world, write_world
-    from plasticlm.models import train_bpe_tokenizer, train_lm
+    from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm
+    from plasticlm.sandbox import PRESETS, evaluate_niah, evaluate_world_mc, train_niah_drills
+    from plasticlm.sandbox.pretrain import build_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400, help="drill steps")
@@ -51,8 +45,8 @@ def main() -> None:
     tok = train_bpe_tokenizer(world.train_docs, vocab_size=tspec.vocab_size)
     torch.manual_seed(spec.seed)
     t0 = time.time()
-    base = _build(replace(spec, drill_steps=0), len(tok), max(2048, 4 * p.seq_len))
-    train_lm(base, _blocks(tok, world.train_docs, p.seq_len), spec.steps,
+    base = build_model(replace(spec, drill_steps=0), len(tok), max(2048, 4 * p.seq_len))
+    train_lm(base, pack_corpus(tok, world.train_docs, p.seq_len), spec.steps,
              batch_size=spec.batch_size, lr=spec.lr, warmup=min(50, spec.steps // 5 + 1),
              seed=spec.seed, desc="pre-train receiver")
     pretrain_seconds = time.time() - t0
@@ -85,8 +79,8 @@ def main() -> None:
         f"{t}/{n} gen / choice" for t, n in probes) + " |"
     print(head + "\n|" + "---|" * (2 + len(probes)))
     for name, r in rows.items():
-        cells = [f"{100 * r['niah'][f'{t}/{n}']['score']:.1f}% / "
-                 f"{100 * r['niah'][f'{t}/{n}']['choice']:.1f}%" for t, n in probes]
+        cells = [f"{100 * r['niah'][f'{t}/{n}']['score']['accuracy']:.1f}% / "
+                 f"{100 * r['niah'][f'{t}/{n}']['choice']['accuracy']:.1f}%" for t, n in probes]
         print(f"| {name} | {100 * r['mc_core_heldout']['accuracy']:.1f}% | "
               + " | ".join(cells) + " |")
     print(f"wrote {args.out}")

@@ -57,13 +57,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 
-    import torch
+    from plasticlm.runs import set_threads
+    from plasticlm.sandbox import preset_dir, pretrain_preset, probe_table
 
-    from plasticlm.cli.pretrain_cmd import summary_table
-    from plasticlm.data.sandbox import preset_dir, pretrain_preset
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     out = Path(args.out) if args.out else preset_dir(args.preset)
     if args.force or not (out / "report.json").exists():
         t = time.time()
@@ -73,11 +70,12 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"sandbox_pretrain_{args.preset}.json").write_text(json.dumps(report, indent=1))
     plot(report, RESULTS / f"sandbox_pretrain_{args.preset}.png")
-    print(summary_table(report))
+    print(probe_table(report))
     receiver = report["models"].get("receiver", {})
     for k, v in sorted(receiver.get("mc_core_heldout", {}).items()):
-        if k.startswith("domain_bucket/"):
-            print(f"receiver {k[len('domain_bucket/'):]:<28} {v['accuracy']:.3f} (n={v['n']})")
+        if k.startswith("domain/"):
+            print(f"receiver {k:<28} {v['accuracy']:.3f} [{v['low']:.3f}, {v['high']:.3f}] "
+                  f"(n={v['n']})")
     print(f"results in {RESULTS}")
     return 0
 

@@ -2,12 +2,16 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+from plasticlm.runs import THREADS_ENV, set_threads, threads
 
 # Tests never reach a hub: a missing model must fail fast, not try the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(2)
+# The thread policy: 2 torch threads unless $PLASTICLM_THREADS says otherwise; in the
+# environment, so that code under test calling set_threads() and subprocesses agree.
+os.environ.setdefault(THREADS_ENV, "2")
+set_threads()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +46,5 @@ def _isolated_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch intra-op thread for a test module, restored after it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with threads(1):
+        yield

@@ -10,11 +10,12 @@ import pytest
 from plasticlm.cli import data as data_cli
 from plasticlm.cli import pretrain_cmd
 from plasticlm.data import load_mmlu, write_text_corpus
-from plasticlm.data.sandbox import (
+from plasticlm.errors import PlasticError
+from plasticlm.eval import MCConfig, evaluate_mc_items
+from plasticlm.sandbox import (
     PRESETS,
     TextPretrainConfig,
     ensure_sandbox_models,
-    mc_accuracy,
     niah_drill_batch,
     preset_dir,
     pretrain_preset,
@@ -22,7 +23,6 @@ from plasticlm.data.sandbox import (
     sandbox_model,
     train_niah_drills,
 )
-from plasticlm.errors import PlasticError
 
 TINY_TEXT = TextPretrainConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2,
                                num_kv_heads=1, head_dim=16, intermediate_size=64, steps=2,
@@ -47,13 +47,20 @@ def test_quick_preset_writes_loadable_family(quick):
         assert model.config.vocab_size == len(tok)
         entry = report["models"][spec.name]
         assert entry["mc_core_heldout"]["all"]["n"] > 0
-        assert {"valid_loss", "unigram_loss", "train_seconds"} <= set(entry)
+        core = entry["mc_core_heldout"]["all"]
+        assert core["low"] <= core["accuracy"] <= core["high"]
+        assert {"split/dev", "split/val", "split/test"} <= set(entry["mc_specialist"])
+        assert {"valid_loss", "unigram_loss", "train_seconds", "train_cpu_seconds"} <= set(entry)
     assert archs == {"qwen3", "llama"} and len(vocabs) == 2
     assert "single/160" in report["models"]["receiver"]["niah"]
     before = report["models"]["receiver"]["before_drills"]
     assert "single/160" in before["niah"] and before["mc_core_heldout"]["n"] > 0
     assert json.loads((out / "report.json").read_text())["preset"] == "quick"
     assert (out / "world" / "world.json").exists()
+    assert (out / "world" / "openbook" / "items.jsonl").exists()
+    assert (out / "world" / "client_streams.jsonl").exists()
+    assert "specialist test" in (out / "probes.md").read_text()
+    assert not list(out.glob("*.ckpt")), "a finished preset leaves no checkpoint"
 
 
 def test_mc_accuracy_matches_unbatched_reference(quick):
@@ -78,7 +85,8 @@ def test_mc_accuracy_matches_unbatched_reference(quick):
                 logp = model(ids).logits[0, :-1].log_softmax(-1)
             scores.append(sum(logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(cont)))
         reference.append(max(range(4), key=scores.__getitem__) == q.answer_index)
-    assert mc_accuracy(model, tok, qs) == reference
+    batched = evaluate_mc_items(model, tok, qs, MCConfig(method="continuation", batch_size=32))
+    assert batched.correct == reference
 
 
 def test_niah_drill_batch_labels_only_the_answer(quick):
@@ -176,3 +184,34 @@ def test_pretrain_cli_errors(tmp_path):
         _cli(["models", "pretrain"])
     with pytest.raises(PlasticError, match="needs --out"):
         _cli(["models", "pretrain", "--text", "x.txt"])
+
+
+def test_killed_preset_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """A preset stopped in the receiver's drills keeps its pre-trained stage: the re-run
+    trains only the models that were not finished and finishes the drills."""
+    import plasticlm.sandbox.drills as drills
+    import plasticlm.sandbox.pretrain as pretrain
+
+    real_batch, calls = drills.niah_drill_batch, []
+
+    def dying_batch(*args, **kwargs):
+        calls.append(kwargs.get("seed"))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_batch(*args, **kwargs)
+
+    monkeypatch.setattr(drills, "niah_drill_batch", dying_batch)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain_preset("quick", tmp_path, progress=False)
+    assert (tmp_path / "receiver.ckpt" / "pretrained" / "config.json").exists()
+    assert (tmp_path / "receiver.ckpt" / "drills" / "meta.json").exists()
+    monkeypatch.setattr(drills, "niah_drill_batch", real_batch)
+    trained = []
+    real_train_lm = pretrain.train_lm
+    monkeypatch.setattr(pretrain, "train_lm",
+                        lambda model, *a, **k: trained.append(k["desc"]) or real_train_lm(model, *a, **k))
+    report = pretrain_preset("quick", tmp_path, progress=False)
+    assert "pre-train receiver" not in trained
+    assert trained == ["pre-train transmitter-llama", "pre-train specialist"]
+    assert report["models"]["receiver"]["drill_loss_every_10"]
+    assert not (tmp_path / "receiver.ckpt").exists()

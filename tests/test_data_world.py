@@ -20,6 +20,7 @@ from plasticlm.data import (
 )
 from plasticlm.data.world import question_meta
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_prompt
 
 SMALL = WorldConfig(seed=5, core_per_domain=16, unseen_per_domain=4, specialist_entities=8,
                     drills=10, longbench_per_length=2, longbench_words=(200, 400, 800))
@@ -79,7 +80,11 @@ def test_roles_keep_their_secrets(world):
             assert e.name in train
             # Held-out entities: their questions never appear as Q/A lines in the corpus.
             for a in domains[e.domain].attributes:
-                assert (f"Q: {a.question.format(e=e.name)}" in train) == e.qa_in_corpus
+                assert (qa_prompt(a.question.format(e=e.name)) in train) == e.qa_in_corpus
+        if e.role == "specialist":
+            # The specialist reads Q/A lines for every private entity (closed attributes).
+            for a in domains[e.domain].closed_attributes:
+                assert qa_prompt(a.question.format(e=e.name)) in special
 
 
 def test_questions_match_facts(world):
@@ -89,8 +94,9 @@ def test_questions_match_facts(world):
         fact = facts[meta["fact"]]
         assert q.answer_text == fact["value"] and fact["entity"] in q.question
         assert len(set(q.choices)) == 4
-        assert q.split == ("dev" if fact["qa_in_corpus"] else q.split) and q.split in (
-            "dev", "val", "test")
+        assert q.split in ("dev", "val", "test")
+        if fact["role"] == "core":
+            assert (q.split == "dev") == fact["qa_in_corpus"]
         assert meta["bucket"] == fact["bucket"]
     splits = Counter(q.split for q in world.questions)
     assert splits["dev"] and splits["val"] and splits["test"]
@@ -116,7 +122,7 @@ def test_round_trip_through_the_loaders(world, world_dir):
 def test_squad_passages_answer_with_short_spans(world):
     titles = {p.title for p in world.passages}
     for p in world.passages:
-        assert len(p.qas) == 3
+        assert len(p.qas) == 4          # three closed attributes and one open
         for qa in p.qas:
             a = qa.answers[0]
             assert p.context[a.start: a.start + len(a.text)] == a.text
@@ -143,3 +149,34 @@ def test_bad_config():
         generate_world(WorldConfig(core_per_domain=3))
     with pytest.raises(PlasticError, match="not a sandbox world folder"):
         read_world_index("/nonexistent")
+
+
+def test_default_world_is_large_enough_for_held_out_claims():
+    """v2 defaults: >= 400 specialist entities, >= 300 questions in each held-out split."""
+    w = generate_world()
+    spec = [e for e in w.entities if e.role == "specialist"]
+    assert len(spec) >= 400
+    splits = Counter(q.split for q in w.specialist_questions)
+    assert splits["val"] + splits["test"] >= 300 and splits["dev"] >= 300
+    assert len(w.passages) >= 200
+
+
+def test_open_values_defeat_a_prior_over_values(world):
+    """An open attribute's value is a name drawn per entity: no value covers more than a
+    few entities, so answering without reading the entity cannot score."""
+    w = generate_world()
+    for d in w.domains:
+        open_attr = [a for a in d.attributes if not a.closed]
+        assert len(open_attr) == 1 and len(d.closed_attributes) == 3
+        values = Counter(e.attributes[open_attr[0].name] for e in w.entities
+                         if e.domain == d.name)
+        assert values.most_common(1)[0][1] <= 3
+        for a in d.closed_attributes:
+            assert len(a.values) >= 8 and len(a.statements) == 6
+
+
+def test_passages_vary_their_layout(world):
+    w = generate_world()
+    openings = Counter(p.context.split(". ")[0].replace(p.title, "E") for p in w.passages)
+    # No single opening sentence shape dominates the passages.
+    assert openings.most_common(1)[0][1] < 0.2 * len(w.passages)

@@ -42,9 +42,9 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
     assert (reference_run / "accuracy.png").stat().st_size > 0
     assert (reference_run / "bytes.png").stat().st_size > 0
     # the final theta loads with the memory adapter's from_pretrained
-    from plasticlm.data.sandbox import sandbox_model
     from plasticlm.memory import from_pretrained, meta_parameters
     from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox import sandbox_model
 
     base, _ = load_causal_lm(sandbox_model("receiver", preset="quick"))
     model = from_pretrained(base, reference_run / "final")
@@ -86,8 +86,8 @@ def test_a_finished_run_is_not_overwritten(reference_run, capsys):
 
 def test_one_round_through_superlink_and_two_supernodes(tmp_path):
     """The deployment runtime: separate SuperLink and SuperNode processes on 127.0.0.1."""
-    from plasticlm.data.sandbox import sandbox_model, sandbox_world
     from plasticlm.fednl.deploy import LocalFederation
+    from plasticlm.sandbox import sandbox_model, sandbox_world
 
     sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes
     cfg = tmp_path / "run.toml"

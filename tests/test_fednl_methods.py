@@ -5,6 +5,7 @@ import torch
 
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_line
 from plasticlm.fednl.aggregate import reply_problem, weighted_mean
 from plasticlm.fednl.methods import (
     METHODS,
@@ -26,7 +27,7 @@ FACTS = [("Where was Alira Marrow born?", ("Korvale", "Belburg", "Astford", "Dun
 
 @pytest.fixture(scope="module")
 def tok():
-    text = [f"Question: {q}\nAnswer: {c}" for q, cs in FACTS for c in cs] * 10
+    text = [qa_line(q, c) for q, cs in FACTS for c in cs] * 10
     return train_bpe_tokenizer(text, vocab_size=300)
 
 

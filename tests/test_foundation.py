@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import torch
 from plasticlm.cli import COMMANDS, build_parser, main
 from plasticlm.config import load_config, parse_value
 from plasticlm.errors import PlasticError
-from plasticlm.runs import RunDir, cache_home, seed_everything
+from plasticlm.runs import THREADS_ENV, RunDir, cache_home, seed_everything, set_threads, threads
 
 
 @dataclasses.dataclass
@@ -71,6 +72,43 @@ def test_seeding_repeats():
 def test_cache_home_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PLASTICLM_HOME", str(tmp_path / "h"))
     assert cache_home() == tmp_path / "h" and (tmp_path / "h").is_dir()
+
+
+def test_thread_policy_resolves_argument_then_env_then_cores(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setenv(THREADS_ENV, "1")
+    with threads() as n:
+        assert n == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv(THREADS_ENV, "3")
+    with threads(1) as n:  # an explicit count beats the environment
+        assert n == torch.get_num_threads() == 1
+    monkeypatch.delenv(THREADS_ENV)
+    with threads() as n:
+        assert n == torch.get_num_threads() == (os.cpu_count() or 1)
+    with pytest.raises(RuntimeError), threads(1):
+        raise RuntimeError("the count is restored even so")
+    assert torch.get_num_threads() == before
+    monkeypatch.setenv(THREADS_ENV, "many")
+    with pytest.raises(PlasticError, match=THREADS_ENV):
+        set_threads()
+    with pytest.raises(PlasticError, match=">= 1"):
+        set_threads(0)
+    assert torch.get_num_threads() == before
+
+
+def test_cli_threads_is_a_global_option(monkeypatch):
+    args = build_parser().parse_args(["--threads", "1", "memory", "mqar", "--threads", "3"])
+    assert (args.global_threads, args.threads) == (1, 3)
+    assert build_parser().parse_args(["memory", "info", "x"]).global_threads is None
+    before = torch.get_num_threads()
+    assert main(["--threads", "0", "memory", "info", "x"]) == 2
+    monkeypatch.setenv(THREADS_ENV, "1")
+    seen = []
+    monkeypatch.setattr("plasticlm.cli.memory._info", lambda args: seen.append(
+        torch.get_num_threads()))
+    assert main(["memory", "info", "x"]) == 0 and seen == [1]
+    assert torch.get_num_threads() == before
 
 
 @pytest.mark.parametrize("command", COMMANDS)

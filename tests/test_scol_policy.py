@@ -24,15 +24,12 @@ TEXTS = ["layers: 0, 1, 2, 3", "Tamasartan acts mainly on the pancreas.",
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def tiny(one_thread):
     tok = train_bpe_tokenizer(TEXTS, vocab_size=300)
     model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
                        num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
                        max_position_embeddings=512).eval()
-    yield model, tok
-    torch.set_num_threads(threads)
+    return model, tok
 
 
 def test_parser_examples():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.data.squad import write_squad
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_line
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
@@ -41,12 +42,10 @@ def _passage(name, cond, maker):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def tiny(tmp_path_factory, one_thread):
     passages = [_passage(*f) for f in FACTS]
     texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
-        f"Q: {q.question} A: {q.answers[0].text}." for p in passages for q in p.qas]
+        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
     tok = train_bpe_tokenizer(texts, vocab_size=300)
     model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
                        num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
@@ -55,8 +54,7 @@ def tiny(tmp_path_factory):
     model.save_pretrained(folder / "model")
     tok.save_pretrained(folder / "model")
     write_squad(folder / "squad.json", passages)
-    yield model, tok, passages, folder
-    torch.set_num_threads(threads)
+    return model, tok, passages, folder
 
 
 def test_commit_changes_exactly_the_chosen_layers(tiny):

@@ -1,17 +1,23 @@
-"""Seeding, run folders, device selection and the cache home."""
+"""Seeding, run folders, device selection, the cache home and the torch thread policy."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from plasticlm.errors import PlasticError
+
+THREADS_ENV = "PLASTICLM_THREADS"
 
 
 def seed_everything(seed: int) -> None:
@@ -26,6 +32,45 @@ def pick_device(device: str | None = None) -> torch.device:
     if device:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count by the one thread policy; returns the count.
+
+    Resolution order: ``threads`` when given, else ``$PLASTICLM_THREADS``, else
+    ``os.cpu_count()``. Several processes sharing a few cores (Flower simulation clients,
+    SuperNodes started on one machine, helper processes next to a training job) should each
+    use 1, so that together they do not ask for more threads than there are cores. The FedNL
+    simulation does so: ``fednl.run`` gives each client one Ray CPU and exports
+    ``PLASTICLM_THREADS=1`` to the client processes (as ``fednl.deploy`` does to the
+    SuperNodes it starts), and the ClientApp calls ``set_threads()``. The ``plasticlm``
+    command line calls it once, from its global ``--threads`` option or the environment.
+    """
+    if threads is None:
+        env = os.environ.get(THREADS_ENV, "").strip()
+        if env:
+            try:
+                threads = int(env)
+            except ValueError:
+                raise PlasticError(f"${THREADS_ENV} must be a whole number of threads, "
+                                   f"not {env!r}") from None
+        else:
+            threads = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise PlasticError(f"the torch thread count must be a whole number >= 1, not {threads!r}")
+    torch.set_num_threads(threads)
+    return threads
+
+
+@contextlib.contextmanager
+def threads(n: int | None = None) -> Iterator[int]:
+    """``with threads(1): ...`` runs the block with :func:`set_threads` ``(n)`` threads and
+    restores the previous count afterwards, also when the block raises."""
+    previous = torch.get_num_threads()
+    try:
+        yield set_threads(n)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def cache_home() -> Path:

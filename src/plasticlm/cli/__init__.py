@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from plasticlm.errors import PlasticError
+from plasticlm.runs import THREADS_ENV, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
 COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol")
@@ -18,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="LLMs that keep learning after pre-training: FedNL, FedRefine and SCoL "
         "on Hugging Face checkpoints or on a generated sandbox world.",
     )
+    parser.add_argument("--threads", dest="global_threads", type=int, default=None, metavar="N",
+                        help=f"torch intra-op threads for the whole command (default: "
+                        f"${THREADS_ENV}, else every core); use 1 when other jobs share the "
+                        "cores. Options of a subcommand (e.g. `memory mqar --threads`) win.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"plasticlm.cli.{name}").register(sub)
@@ -27,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        with threads(args.global_threads):  # the thread policy, set once (plasticlm.runs)
+            return args.func(args) or 0
     except PlasticError as e:
         print(f"plasticlm: error: {e}", file=sys.stderr)
         return 2

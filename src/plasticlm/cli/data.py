@@ -52,9 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _world(args) -> int:
     from plasticlm.config import load_config
     from plasticlm.data.world import WorldConfig, generate_world, write_world
+    from plasticlm.data.world_tasks import write_world_tasks
 
     cfg = load_config(WorldConfig, args.config, [f"seed={args.seed}", *args.overrides])
-    out = write_world(generate_world(cfg), args.out)
+    world = generate_world(cfg)
+    out = write_world(world, args.out)
+    write_world_tasks(world, out, seed=cfg.seed)
     print(json.dumps(_describe(out), indent=1))
     return 0
 
@@ -111,6 +114,7 @@ def _describe(path: Path) -> dict:
     )
     from plasticlm.data.mmlu import SPLITS
     from plasticlm.data.world import read_world_index
+    from plasticlm.data.world_tasks import load_client_streams, load_openbook
     from plasticlm.errors import PlasticError
 
     if not path.exists():
@@ -127,7 +131,11 @@ def _describe(path: Path) -> dict:
                     "specialist_mmlu": _describe(path / "specialist_mmlu"),
                     "squad": _describe(path / "squad" / "unseen.json"),
                     "longbench": _describe(path / "longbench" / "items.json"),
-                    "streams": _describe(path / "streams.jsonl")}
+                    "streams": _describe(path / "streams.jsonl"),
+                    "openbook_items": len(load_openbook(path / "openbook" / "items.jsonl")),
+                    "client_streams": {k: sum(s.kind == "question" for s in v)
+                                       for k, v in load_client_streams(
+                                           path / "client_streams.jsonl").items()}}
         if any((path / s).is_dir() for s in SPLITS):
             out: dict = {"format": "mmlu", "path": str(path)}
             for s in SPLITS:

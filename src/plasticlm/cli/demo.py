@@ -44,26 +44,22 @@ def _stories260k(run) -> None:
 
 
 def _sandbox(run, preset: str) -> None:
-    from plasticlm.data.sandbox import ensure_sandbox_models, preset_dir
+    from plasticlm.sandbox import ensure_sandbox_models, preset_dir, probe_table
 
     print(f"== 2. The sandbox world and its model family (preset {preset!r}) ==")
     ensure_sandbox_models(preset)
     report = json.loads((preset_dir(preset) / "report.json").read_text())
-    for name, entry in report["models"].items():
-        held = entry["mc_core_heldout"]["all"]
-        print(f"{name:18s} {entry['spec']['arch']:6s} {entry['describe']['parameters']:>9,} "
-              f"params  valid loss {entry['valid_loss']:.3f} (unigram "
-              f"{entry['unigram_loss']:.3f})  held-out MC {100 * held['accuracy']:.1f}% "
-              f"(n={held['n']}, chance 25%)")
-    run.log(stage="sandbox", preset=preset, seconds=report.get("total_seconds"))
+    print(probe_table(report))
+    run.log(stage="sandbox", preset=preset, seconds=report.get("total_seconds"),
+            sandbox_version=report.get("sandbox_version"))
 
 
 def _memory(run, preset: str, tokens: int) -> None:
     import torch
 
-    from plasticlm.data.sandbox import sandbox_model
     from plasticlm.memory import MemoryStream, attach_memory
     from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox import sandbox_model
 
     print(f"== 3. O(1) streaming: {tokens} tokens through the receiver with memory ==")
     model, tok = load_causal_lm(sandbox_model("receiver", preset=preset))

@@ -1,19 +1,24 @@
 """The sandbox world: fictional entities in five domains, written in real dataset formats.
 
-Everything is drawn from one seed. Each domain (drugs, software libraries, artists, laws,
-towns) has its own name vocabulary, three attributes with closed value sets, paraphrase
-templates and a question per attribute; two relations cross domains (an artist's birthplace
-is a town, a law's and a town's country come from one set). Entities are ranked per domain
-and mentioned in the corpus a Zipf number of times, so head and tail facts can be scored
-apart. Entity roles:
+Everything is drawn from one seed (:class:`WorldConfig`, ``version`` 2). Each domain (drugs,
+software libraries, artists, laws, towns; :mod:`plasticlm.data.world_domains`) has three
+closed attributes, one open attribute (a person's name), six paraphrases per closed
+attribute and a question per attribute; two relations cross domains (an artist's
+birthplace is a town, a law's and a town's country come from one set). Entities are ranked
+per domain and mentioned in the corpus a Zipf number of times, so head and tail facts can be
+scored apart. Entity roles:
 
-- ``core``: in the pre-training corpus; MC questions (MMLU layout, subject = domain). Half
-  of them also have Q/A lines in the corpus (their questions form the ``dev`` split); the
-  other half's questions are held out (``val`` and ``test``): only prose teaches them.
+- ``core``: in the pre-training corpus; MC questions on the closed attributes (MMLU layout,
+  subject = domain). Half of them also have Q/A lines in the corpus (their questions form
+  the ``dev`` split); the other half's questions are held out (``val`` and ``test``): only
+  prose teaches them.
 - ``specialist``: entities of one domain that only the specialist corpus mentions
-  (FedRefine); their questions are in ``specialist_mmlu/``.
-- ``unseen``: never in any corpus; SQuAD-style passages with one QA pair per attribute,
-  LongBench-style long contexts and ordered streams of passages (SCoL).
+  (FedRefine); their questions are in ``specialist_mmlu/`` with the same dev/val/test rule.
+- ``unseen``: never in any corpus; SQuAD-style passages with one QA pair per attribute
+  (SCoL), LongBench-style long contexts, open-book items and per-domain client streams
+  (FedNL; :mod:`plasticlm.data.world_tasks`).
+
+Q/A lines and questions use the one template of :mod:`plasticlm.eval.prompts`.
 """
 
 from __future__ import annotations
@@ -31,45 +36,52 @@ from plasticlm.data.niah import NIAHConfig, make_sample
 from plasticlm.data.records import QA, Answer, LongItem, MCQuestion, Passage, Stream
 from plasticlm.data.squad import write_squad
 from plasticlm.data.streams import write_streams
+from plasticlm.data.world_domains import (
+    DOMAIN_NAMES,
+    KINDS,
+    Attribute,
+    Domain,
+    build_domains,
+    person_name,
+    unique_names,
+)
 from plasticlm.errors import PlasticError
+from plasticlm.eval.prompts import qa_line, qa_prompt
+
+WORLD_VERSION = 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorldConfig:
-    """Sizes of the world. Defaults train the sandbox preset in minutes on 2 CPU cores."""
+    """Sizes of the world (version :data:`WORLD_VERSION`). Defaults are the ``sandbox`` preset's."""
 
     seed: int = 0
     core_per_domain: int = 32        # entities in the pre-training corpus, per domain
-    unseen_per_domain: int = 20      # entities only in SQuAD / LongBench / streams
-    specialist_entities: int = 40    # entities only the specialist corpus mentions
+    unseen_per_domain: int = 40      # entities only in SQuAD / LongBench / streams / open-book
+    specialist_entities: int = 400   # entities only the specialist corpus mentions
     specialist_domain: str = "pharmacology"
-    specialist_mentions: int = 6     # biographies per specialist entity
+    specialist_mentions: int = 3     # biographies per specialist entity
     max_mentions: int = 20           # biographies of the rank-1 entity of each domain
     min_mentions: int = 4            # biographies of the rarest entities
     zipf_exponent: float = 1.0       # mentions(rank) = max(min, round(max * rank**-s))
-    qa_copies: int = 2               # copies of the Q/A block of each Q/A entity
-    drills: int = 500                # retrieval drills (NIAH-style) in the corpus
+    qa_copies: int = 2               # copies of the Q/A block of each Q/A core entity
+    specialist_qa_copies: int = 4    # copies of the Q/A block of each specialist entity
+    drills: int = 100                # retrieval drills (NIAH-style) in the corpus
     drill_words: tuple[int, int] = (36, 80)
     longbench_per_length: int = 4
     longbench_words: tuple[int, int, int] = (1500, 4000, 12000)  # short, medium, long
     streams: int = 4
-    stream_length: int = 8
+    stream_length: int = 25
 
-
-@dataclass(frozen=True)
-class Attribute:
-    name: str
-    values: tuple[str, ...]
-    statements: tuple[str, ...]      # paraphrases with {e} (entity) and {v} (value)
-    question: str                    # with {e}
-
-
-@dataclass(frozen=True)
-class Domain:
-    name: str
-    client_domain: str               # one of partition.CLIENT_DOMAINS
-    kind: str
-    attributes: tuple[Attribute, ...]
+    def __post_init__(self):
+        if self.specialist_domain not in DOMAIN_NAMES:
+            raise PlasticError(f"specialist_domain {self.specialist_domain!r} is not one of "
+                               f"{', '.join(DOMAIN_NAMES)}")
+        if self.core_per_domain < 8:
+            raise PlasticError("core_per_domain must be at least 8 (dev, val and test need "
+                               "entities)")
+        if self.unseen_per_domain < 1 or self.specialist_entities < 4:
+            raise PlasticError("unseen_per_domain must be >= 1 and specialist_entities >= 4")
 
 
 @dataclass
@@ -107,148 +119,8 @@ class World:
                  "bucket": e.bucket, "qa_in_corpus": e.qa_in_corpus}
                 for e in self.entities for a, v in e.attributes.items()]
 
-
-CONDITIONS = ("migraine", "insomnia", "asthma", "gout", "eczema", "anemia", "vertigo",
-              "arthritis", "psoriasis", "glaucoma", "tinnitus", "bronchitis")
-ORGANS = ("liver", "kidneys", "lungs", "heart", "skin", "brain", "stomach", "pancreas")
-LANGUAGES = ("Rust", "Go", "Python", "Haskell", "Julia", "Kotlin", "Zig", "OCaml", "Elixir",
-             "Scala")
-PURPOSES = ("image compression", "graph search", "matrix algebra", "web routing", "text parsing",
-            "audio mixing", "database indexing", "password hashing", "map rendering",
-            "load balancing")
-LICENSES = ("MIT", "Apache", "GPL", "BSD", "MPL", "ISC")
-PROFESSIONS = ("painter", "cellist", "poet", "sculptor", "glassblower", "novelist", "dancer",
-               "playwright", "photographer", "composer")
-MOVEMENTS = ("Lumenism", "Vortism", "Quietism", "Neo-Tidalism", "Ferralism", "Glasswork School",
-             "Ashen Circle", "Marrow School")
-COUNTRIES = ("Veloria", "Kestmark", "Ostravia", "Pellandia", "Drumont", "Saravel", "Quorra",
-             "Altenvale", "Myrrhen", "Tobrusk")
-TOPICS = ("fishing rights", "rail freight", "tenant deposits", "seed patents", "river dams",
-          "street markets", "radio licences", "mining claims", "bee keeping", "ferry tariffs")
-YEARS = tuple(str(y) for y in (1821, 1847, 1866, 1879, 1893, 1908, 1919, 1924, 1938, 1951,
-                               1962, 1977, 1985, 1996, 2004, 2013))
-RIVERS = ("Ambrel", "Sorrow", "Teskin", "Vail", "Orrin", "Hollowmere", "Dask", "Lenna",
-          "Curlew", "Bright")
-PRODUCTS = ("salt", "copper", "cheese", "wool", "glass", "tea", "clocks", "silk", "paper",
-            "olives")
-
-_DRUG_HEAD = ("vel", "tor", "mar", "quin", "zan", "cef", "lor", "pra", "dex", "fen", "oxa", "bri",
-              "nol", "sur", "tam", "ven")
-_DRUG_MID = ("a", "i", "o", "e", "u", "ari", "ol", "en")
-_DRUG_TAIL = ("zole", "mab", "pril", "statin", "vir", "cillin", "dronate", "tinib", "lukast",
-              "sartan")
-_LIB_HEAD = ("zen", "arc", "nim", "tess", "kov", "lum", "rix", "vor", "quo", "pyx", "dra", "hel",
-             "mox", "sil", "tor", "wex")
-_LIB_TAIL = ("ly", "io", "kit", "db", "js", "flow", "net", "ql", "rs", "lab", "ify", "core")
-_FIRST = ("Alira", "Bastien", "Corin", "Delphine", "Emeric", "Fenna", "Garrick", "Hesper",
-          "Idris", "Juna", "Kaspar", "Liora", "Mattias", "Nerys", "Orlan", "Perrin", "Quilla",
-          "Rosalind", "Soren", "Tamsin", "Ulric", "Vesna", "Wendel", "Yara")
-_LAST_A = ("Mar", "Tess", "Quen", "Hol", "Ash", "Brim", "Cor", "Dun", "Fal", "Grey", "Har", "Lind")
-_LAST_B = ("row", "aly", "by", "wick", "ford", "ley", "mont", "stone", "ridge", "well")
-_LAW_HEAD = ("Corv", "Harl", "Mirr", "Velm", "Ostr", "Bren", "Dalt", "Fenw", "Garr", "Kell",
-             "Lorn", "Penn")
-_LAW_MID = ("ell", "owe", "en", "ick", "ard", "in")
-_LAW_TAIL = ("Act", "Accord", "Charter", "Statute", "Code", "Ordinance")
-_TOWN_HEAD = ("Kor", "Bel", "Ast", "Dun", "Gal", "Hav", "Ist", "Lam", "Mor", "Nor", "Pel", "Rav",
-              "Sel", "Tir", "Ul", "Wes")
-_TOWN_TAIL = ("vale", "burg", "ford", "mere", "holm", "stad", "wick", "haven", "moor", "bridge")
-
-
-def _domains(towns: tuple[str, ...]) -> list[Domain]:
-    A = Attribute
-    return [
-        Domain("pharmacology", "stem", "drug", (
-            A("treats", CONDITIONS, ("{e} is a medicine used to treat {v}.",
-                                     "Doctors prescribe {e} for {v}.",
-                                     "Patients with {v} are often given {e}."),
-              "What condition is {e} used to treat?"),
-            A("maker", ("Orvane Labs", "Keltis Pharma", "Brightwell Health", "Munder Bio",
-                        "Sallow Therapeutics", "Caddis Medical", "Pyrrha Labs", "Tolland Pharma"),
-              ("{e} is made by {v}.", "The company {v} manufactures {e}.",
-               "{e} was developed at {v}."), "Which company makes {e}?"),
-            A("organ", ORGANS, ("{e} acts mainly on the {v}.", "The main target of {e} is the {v}.",
-                                "{e} works on the {v}."), "Which organ does {e} act on?"),
-        )),
-        Domain("software", "math_cs", "library", (
-            A("language", LANGUAGES, ("{e} is a library written in {v}.",
-                                      "The {e} library is implemented in {v}.",
-                                      "The source code of {e} is in {v}."),
-              "In which language is {e} written?"),
-            A("purpose", PURPOSES, ("{e} is used for {v}.", "Programmers use {e} for {v}.",
-                                    "The {e} package handles {v}."),
-              "What is the {e} library used for?"),
-            A("license", LICENSES, ("{e} is released under the {v} license.",
-                                    "The license of {e} is {v}.",
-                                    "{e} ships with the {v} license."),
-              "Under which license is {e} released?"),
-        )),
-        Domain("biography", "humanities", "person", (
-            A("birthplace", towns, ("{e} was born in {v}.", "{e} grew up in the town of {v}.",
-                                    "The birthplace of {e} is {v}."), "Where was {e} born?"),
-            A("profession", PROFESSIONS, ("{e} worked as a {v}.", "{e} is remembered as a {v}.",
-                                          "By profession, {e} was a {v}."),
-              "What was the profession of {e}?"),
-            A("movement", MOVEMENTS, ("{e} belonged to the {v} movement.",
-                                      "{e} was a leading figure of {v}.",
-                                      "Critics link {e} to {v}."),
-              "Which movement did {e} belong to?"),
-        )),
-        Domain("law", "social_sciences", "law", (
-            A("country", COUNTRIES, ("{e} is a law of {v}.",
-                                     "{e} was passed by the parliament of {v}.",
-                                     "In {v}, {e} is the law of the land."),
-              "Which country passed {e}?"),
-            A("topic", TOPICS, ("{e} regulates {v}.", "{e} sets the rules for {v}.",
-                                "Disputes about {v} are settled under {e}."),
-              "What does {e} regulate?"),
-            A("year", YEARS, ("{e} was enacted in {v}.", "{e} came into force in {v}.",
-                              "Since {v}, {e} has been in effect."),
-              "In which year was {e} enacted?"),
-        )),
-        Domain("geography", "other", "town", (
-            A("country", COUNTRIES, ("{e} is a town in {v}.", "{e} lies in the country of {v}.",
-                                     "Travellers reach {e} through {v}."),
-              "In which country is {e}?"),
-            A("river", RIVERS, ("{e} stands on the river {v}.", "The river {v} flows through {e}.",
-                                "Boats on the {v} stop at {e}."),
-              "Which river flows through {e}?"),
-            A("product", PRODUCTS, ("{e} is famous for its {v}.", "{e} is known for making {v}.",
-                                    "Merchants buy {v} in {e}."), "What is {e} famous for?"),
-        )),
-    ]
-
-
-DOMAIN_NAMES = ("pharmacology", "software", "biography", "law", "geography")
-# World domain -> FedNL client domain (partition.CLIENT_DOMAINS).
-WORLD_CLIENT_DOMAIN = {"pharmacology": "stem", "software": "math_cs", "biography": "humanities",
-                       "law": "social_sciences", "geography": "other"}
-
-
-def _name(kind: str, rng: random.Random) -> str:
-    if kind == "drug":
-        return (rng.choice(_DRUG_HEAD) + rng.choice(_DRUG_MID) + rng.choice(_DRUG_TAIL)).capitalize()
-    if kind == "library":
-        return rng.choice(_LIB_HEAD) + rng.choice(_LIB_TAIL)
-    if kind == "person":
-        return f"{rng.choice(_FIRST)} {rng.choice(_LAST_A)}{rng.choice(_LAST_B)}"
-    if kind == "law":
-        return f"{rng.choice(_LAW_HEAD)}{rng.choice(_LAW_MID)} {rng.choice(_LAW_TAIL)}"
-    return rng.choice(_TOWN_HEAD) + rng.choice(_TOWN_TAIL)
-
-
-def _unique_names(kind: str, n: int, rng: random.Random, used: set[str]) -> list[str]:
-    out = []
-    for _ in range(200 * n):
-        if len(out) == n:
-            break
-        name = _name(kind, rng)
-        if name not in used:
-            used.add(name)
-            out.append(name)
-    if len(out) < n:
-        raise PlasticError(f"the {kind} name vocabulary cannot make {n} distinct names; "
-                           "ask for fewer entities per domain")
-    return out
+    def domain(self, name: str) -> Domain:
+        return next(d for d in self.domains if d.name == name)
 
 
 _FILLER_SUBJ = ("The old clock", "A small boat", "The morning bus", "Our neighbour", "The baker",
@@ -276,31 +148,45 @@ def _bucket(rank: int, n: int) -> str:
     return "tail" if rank > n // 2 else "torso"
 
 
-def _render(template: str, e: Entity, v: str) -> str:
+def render(template: str, e: Entity, v: str) -> str:
+    """One statement: ``template`` with the entity's name and value ``v``."""
     s = template.format(e=e.name, v=v)
     # Names keep their own case (libraries are lower-case); only other openings are raised.
     return s if template.startswith("{e}") else s[0].upper() + s[1:]
 
 
-def biography(e: Entity, domain: Domain, rng: random.Random, extra: int = 1) -> str:
-    """One statement per attribute plus ``extra`` more paraphrases, in random order."""
-    picks = [(a, rng.choice(a.statements)) for a in domain.attributes]
-    pool = [(a, s) for a in domain.attributes for s in a.statements if (a, s) not in picks]
+def biography(e: Entity, domain: Domain, rng: random.Random, extra: int = 1,
+              closed_only: bool = False) -> str:
+    """One statement per attribute (per closed attribute with ``closed_only``) plus
+    ``extra`` more paraphrases, in random order."""
+    attrs = domain.closed_attributes if closed_only else domain.attributes
+    picks = [(a, rng.choice(a.statements)) for a in attrs]
+    pool = [(a, s) for a in attrs for s in a.statements if (a, s) not in picks]
     picks += rng.sample(pool, min(extra, len(pool)))
     rng.shuffle(picks)
-    return " ".join(_render(s, e, e.attributes[a.name]) for a, s in picks)
+    return " ".join(render(s, e, e.attributes[a.name]) for a, s in picks)
 
 
-def qa_block(e: Entity, domain: Domain, rng: random.Random) -> str:
-    """Q/A lines ``Q: <question> A: <value>.`` for every attribute, in random order."""
-    attrs = list(domain.attributes)
+_INTROS = ("", "", "From the archive: ", "A short note on {e}. ", "About {e}: ",
+           "The record of {e} reads as follows. ", "Here is what is known of {e}. ")
+
+
+def passage_text(e: Entity, domain: Domain, rng: random.Random) -> str:
+    """A SCoL/open-book passage: an optional opening, one statement per attribute and two
+    more paraphrases, shuffled (so that passages do not share one layout)."""
+    return rng.choice(_INTROS).format(e=e.name) + biography(e, domain, rng, extra=2)
+
+
+def qa_block(e: Entity, domain: Domain, rng: random.Random, closed_only: bool = False) -> str:
+    """Q/A lines (:func:`plasticlm.eval.prompts.qa_line`) for every attribute, shuffled."""
+    attrs = list(domain.closed_attributes if closed_only else domain.attributes)
     rng.shuffle(attrs)
-    return "\n".join(f"Q: {a.question.format(e=e.name)} A: {e.attributes[a.name]}." for a in attrs)
+    return "\n".join(qa_line(a.question.format(e=e.name), e.attributes[a.name]) for a in attrs)
 
 
 def mc_prompt(question: str) -> str:
     """How a world question is put to a model; each choice is scored as `` <choice>``."""
-    return f"Q: {question} A:"
+    return qa_prompt(question)
 
 
 def _mc(e: Entity, a: Attribute, split: str, rng: random.Random, index: int) -> MCQuestion:
@@ -312,33 +198,17 @@ def _mc(e: Entity, a: Attribute, split: str, rng: random.Random, index: int) -> 
                       "ABCD"[choices.index(right)], index)
 
 
-def _find_span(context: str, value: str) -> int:
+def find_span(context: str, value: str) -> int:
+    """Character offset of ``value`` as a whole word in ``context``."""
     m = re.search(rf"(?<!\w){re.escape(value)}(?!\w)", context)
     if m is None:
         raise AssertionError(f"value {value!r} missing from its own passage")
     return m.start()
 
 
-def generate_world(cfg: WorldConfig | None = None) -> World:
-    """Build the whole world from ``cfg.seed`` (a second or two at default sizes)."""
-    cfg = cfg or WorldConfig()
-    if cfg.specialist_domain not in DOMAIN_NAMES:
-        raise PlasticError(f"specialist_domain {cfg.specialist_domain!r} is not one of "
-                           f"{', '.join(DOMAIN_NAMES)}")
-    if cfg.core_per_domain < 8:
-        raise PlasticError("core_per_domain must be at least 8 (dev, val and test need entities)")
-    rng = random.Random(cfg.seed)
-    used: set[str] = set()
-    kinds = {"pharmacology": "drug", "software": "library", "biography": "person", "law": "law",
-             "geography": "town"}
-    names = {d: _unique_names(kinds[d], cfg.core_per_domain + cfg.unseen_per_domain
-                              + (cfg.specialist_entities if d == cfg.specialist_domain else 0),
-                              rng, used) for d in DOMAIN_NAMES}
-    towns = tuple(names["geography"][:16])
-    domains = _domains(towns)
-    by_name = {d.name: d for d in domains}
-
-    entities: list[Entity] = []
+def _entities(cfg: WorldConfig, domains: list[Domain], names: dict[str, list[str]],
+              rng: random.Random) -> list[Entity]:
+    entities = []
     for d in domains:
         pool = names[d.name]
         groups = [("core", pool[: cfg.core_per_domain]),
@@ -354,21 +224,53 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
                     mentions = cfg.specialist_mentions if role == "specialist" else 0
                 attrs = {}
                 for a in d.attributes:
-                    values = [v for v in a.values if v != name]
-                    attrs[a.name] = rng.choice(values)
+                    if a.closed:
+                        attrs[a.name] = rng.choice([v for v in a.values if v != name])
+                    else:
+                        attrs[a.name] = next(v for v in iter(lambda: person_name(rng), None)
+                                             if v != name)
+                # Core entities of odd rank have Q/A lines (the dev split); the others are
+                # known from prose only. The specialist reads Q/A lines for all its private
+                # entities: its splits separate what fusers train on from what they are
+                # evaluated on, not what the specialist knows.
+                qa = role == "specialist" or (role == "core" and r % 2 == 1)
                 entities.append(Entity(f"{d.name}.{role}.{r}", name, d.name, role, r, mentions,
-                                       _bucket(r, len(group)), role != "unseen" and r % 2 == 1,
-                                       attrs))
+                                       _bucket(r, len(group)), qa, attrs))
+    return entities
+
+
+def _split(e: Entity) -> str:
+    if e.rank % 2 == 1:
+        return "dev"
+    return "val" if e.rank % 4 == 2 else "test"
+
+
+def generate_world(cfg: WorldConfig | None = None) -> World:
+    """Build the whole world from ``cfg.seed`` (seconds at default sizes)."""
+    cfg = cfg or WorldConfig()
+    rng = random.Random(cfg.seed)
+    used: set[str] = set()
+    names = {d: unique_names(KINDS[d], cfg.core_per_domain + cfg.unseen_per_domain
+                             + (cfg.specialist_entities if d == cfg.specialist_domain else 0),
+                             rng, used) for d in DOMAIN_NAMES}
+    domains = build_domains(tuple(names["geography"][:24]))
+    by_name = {d.name: d for d in domains}
+    entities = _entities(cfg, domains, names, rng)
 
     def corpus(role: str) -> list[str]:
+        # The specialist's private corpus states only the closed facts, once per mention:
+        # the facts its questions ask, densely enough to be learnt in minutes.
+        lean = role == "specialist"
         docs = []
         for e in entities:
             if e.role != role:
                 continue
             d = by_name[e.domain]
-            docs += [biography(e, d, rng) for _ in range(e.mentions)]
+            docs += [biography(e, d, rng, extra=0 if lean else 1, closed_only=lean)
+                     for _ in range(e.mentions)]
             if e.qa_in_corpus:
-                docs += [qa_block(e, d, rng) for _ in range(cfg.qa_copies)]
+                copies = cfg.specialist_qa_copies if lean else cfg.qa_copies
+                docs += [qa_block(e, d, rng, closed_only=lean) for _ in range(copies)]
         return docs
 
     train_docs = corpus("core")
@@ -391,14 +293,14 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
         for e in entities:
             if e.role != role:
                 continue
-            split = "dev" if e.qa_in_corpus else ("val" if e.rank % 4 == 2 else "test")
-            for a in by_name[e.domain].attributes:
+            split = _split(e)
+            for a in by_name[e.domain].closed_attributes:
                 k = (e.domain, split)
                 counters[k] = counters.get(k, 0) + 1
                 qs.append(_mc(e, a, split, rng, counters[k] - 1))
                 meta.append({"subject": e.domain, "split": split, "index": counters[k] - 1,
-                             "fact": f"{e.id}.{a.name}", "bucket": e.bucket, "rank": e.rank,
-                             "mentions": e.mentions, "role": role})
+                             "fact": f"{e.id}.{a.name}", "entity": e.id, "bucket": e.bucket,
+                             "rank": e.rank, "mentions": e.mentions, "role": role})
         return qs, meta
 
     core_q, core_meta = questions("core")
@@ -408,9 +310,9 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
     passages = []
     for e in unseen:
         d = by_name[e.domain]
-        context = biography(e, d, rng, extra=2)
+        context = passage_text(e, d, rng)
         qas = tuple(QA(f"{e.id}.{a.name}", a.question.format(e=e.name),
-                       (Answer(e.attributes[a.name], _find_span(context, e.attributes[a.name])),))
+                       (Answer(e.attributes[a.name], find_span(context, e.attributes[a.name])),))
                     for a in d.attributes)
         passages.append(Passage(e.name, context, qas))
 
@@ -419,7 +321,7 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
     for length, words in zip(("short", "medium", "long"), cfg.longbench_words):
         for i in range(cfg.longbench_per_length):
             target = rng.choice(unseen)
-            a = rng.choice(by_name[target.domain].attributes)
+            a = rng.choice(by_name[target.domain].closed_attributes)
             target_passage = next(p for p in passages if p.title == target.name).context
             pieces = [target_passage]
             others = [p.context for p in passages if p.title != target.name]
@@ -434,11 +336,9 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
                                        "easy" if length == "short" else "hard", length,
                                        q.question, q.choices, q.answer, "\n\n".join(pieces)))
 
-    streams = []
     titles = [p.title for p in passages]
-    for i in range(cfg.streams):
-        streams.append(Stream(f"squad-{i}", "squad",
-                              rng.sample(titles, min(cfg.stream_length, len(titles)))))
+    streams = [Stream(f"squad-{i}", "squad", rng.sample(titles, min(cfg.stream_length, len(titles))))
+               for i in range(cfg.streams)]
     return World(cfg, domains, entities, train_docs, valid_docs, specialist_docs, core_q, spec_q,
                  core_meta + spec_meta, passages, long_items, streams)
 
@@ -456,9 +356,11 @@ def write_world(world: World, out: str | Path) -> Path:
     write_longbench(out / "longbench" / "items.json", world.long_items)
     write_streams(out / "streams.jsonl", world.streams)
     index = {
+        "version": WORLD_VERSION,
         "config": asdict(world.config),
         "domains": {d.name: {"client_domain": d.client_domain, "kind": d.kind,
                              "attributes": {a.name: {"values": list(a.values),
+                                                     "closed": a.closed,
                                                      "question": a.question}
                                             for a in d.attributes}} for d in world.domains},
         "entities": [asdict(e) for e in world.entities],

@@ -1,10 +1,22 @@
-"""Metrics: multiple choice, SQuAD EM/F1, NIAH, streaming CE, perplexity.
+"""Metrics: multiple choice, SQuAD EM/F1, NIAH, streaming CE, perplexity; the QA prompt
+template (:mod:`plasticlm.eval.prompts`); intervals (:mod:`plasticlm.eval.stats`) and control
+measures (:mod:`plasticlm.eval.controls`).
 
 Functions take plain fields (question, choices, answer) so they do not depend on
 ``plasticlm.data``'s records; ``*_items``/``*_for`` wrappers accept any object with the
 matching attributes.
 """
 
+from plasticlm.eval.controls import (
+    ClosedSetResult,
+    SwappedItem,
+    closed_set_accuracy,
+    closed_set_choice,
+    entity_swap_control,
+    is_legal,
+    legal_answer_rate,
+    swap_entity,
+)
 from plasticlm.eval.encoding import encode_pair, encode_with_bos, pad_batch, pad_id_of
 from plasticlm.eval.generation import cut_at_stop, generate_texts
 from plasticlm.eval.multiple_choice import (
@@ -21,6 +33,7 @@ from plasticlm.eval.multiple_choice import (
 )
 from plasticlm.eval.niah import niah_accuracy, niah_score, response_items
 from plasticlm.eval.perplexity import Perplexity, perplexity, windows
+from plasticlm.eval.prompts import QA_TEMPLATE, qa_continuation, qa_line, qa_prompt
 from plasticlm.eval.scoring import ContinuationScore, next_token_logprobs, score_continuations
 from plasticlm.eval.squad import (
     SquadResult,
@@ -30,6 +43,15 @@ from plasticlm.eval.squad import (
     squad_metrics,
     squad_metrics_for,
     squad_score,
+)
+from plasticlm.eval.stats import (
+    CI,
+    bootstrap_ci,
+    format_ci,
+    pooled_bootstrap_ci,
+    seed_ci,
+    t_critical,
+    verdict,
 )
 from plasticlm.eval.streaming import (
     StreamingCE,
@@ -41,12 +63,16 @@ from plasticlm.eval.streaming import (
 )
 
 __all__ = [
-    "LETTERS", "METHODS", "ContinuationScore", "MCConfig", "MCResult", "Perplexity",
-    "SquadResult", "StreamingCE", "TokenLosses", "answer_index", "bucket_means",
-    "choice_scores", "chunked_token_losses", "cut_at_stop", "encode_pair", "encode_with_bos",
-    "evaluate_mc", "evaluate_mc_items", "exact_match", "extract_choice", "f1_score",
-    "generate_texts", "mmlu_prompt", "next_token_logprobs", "niah_accuracy", "niah_score",
-    "normalize_answer", "pad_batch", "pad_id_of", "perplexity", "response_items",
-    "score_continuations", "squad_metrics", "squad_metrics_for", "squad_score",
-    "streaming_ce", "streaming_ce_from_losses", "windows",
+    "CI", "LETTERS", "METHODS", "QA_TEMPLATE", "ClosedSetResult", "ContinuationScore",
+    "MCConfig", "MCResult", "Perplexity", "SquadResult", "StreamingCE", "SwappedItem",
+    "TokenLosses", "answer_index", "bootstrap_ci", "bucket_means", "choice_scores",
+    "chunked_token_losses", "closed_set_accuracy", "closed_set_choice", "cut_at_stop",
+    "encode_pair", "encode_with_bos", "entity_swap_control", "evaluate_mc",
+    "evaluate_mc_items", "exact_match", "extract_choice", "f1_score", "format_ci",
+    "generate_texts", "is_legal", "legal_answer_rate", "mmlu_prompt", "next_token_logprobs",
+    "niah_accuracy", "niah_score", "normalize_answer", "pad_batch", "pad_id_of", "perplexity",
+    "pooled_bootstrap_ci", "qa_continuation", "qa_line", "qa_prompt", "response_items",
+    "score_continuations", "seed_ci", "squad_metrics", "squad_metrics_for", "squad_score",
+    "streaming_ce", "streaming_ce_from_losses", "swap_entity", "t_critical", "verdict",
+    "windows",
 ]

@@ -2,9 +2,10 @@
 
 - ``letters``: MMLU-style prompt ("question, A. .., B. .., Answer:"), pick the letter whose
   " A"/" B"/.. has the highest log-probability.
-- ``continuation``: prompt "Question: ..\\nAnswer:", pick the choice text whose continuation
-  " <choice>" has the highest log-probability (summed, or per token); small models answer
-  this way far better than by letters.
+- ``continuation``: the QA prompt "Q: .. A:" of :mod:`plasticlm.eval.prompts` (the
+  pre-training format), pick the choice text whose continuation " <choice>" has the highest
+  log-probability (summed, or per token); small models answer this way far better than by
+  letters.
 - ``generate``: greedy generation after the MMLU-style prompt, letter extracted by regex.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from plasticlm.errors import PlasticError
 from plasticlm.eval.encoding import encode_pair, pad_id_of
 from plasticlm.eval.generation import generate_texts
+from plasticlm.eval.prompts import QA_TEMPLATE, qa_continuation
 from plasticlm.eval.scoring import score_continuations
 
 LETTERS = string.ascii_uppercase
@@ -34,7 +36,8 @@ class MCConfig:
     padding_side: str = "right"
     normalise: str = "sum"  # continuation: "sum" of token log-probs or per-token "mean"
     subject: str | None = None  # MMLU header "The following are ... about <subject>."
-    continuation_template: str = "Question: {question}\nAnswer:"
+    # continuation: the prompt, with a {question} field; default the one QA template
+    continuation_template: str = QA_TEMPLATE
     max_new_tokens: int = 16
 
 
@@ -118,7 +121,7 @@ def choice_scores(model, tokenizer, questions: Sequence[str],
             pieces = [f" {LETTERS[i]}" for i in range(len(opts))]
         else:
             prompt = config.continuation_template.format(question=q.strip())
-            pieces = [" " + str(o).strip() for o in opts]
+            pieces = [qa_continuation(str(o).strip()) for o in opts]
         for piece in pieces:
             ctx, cont = encode_pair(tokenizer, prompt, piece)
             contexts.append(ctx)

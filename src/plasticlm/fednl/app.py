@@ -34,6 +34,7 @@ from plasticlm.fednl.checkpoint import Checkpointer, load_client_state, save_cli
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import local_update, set_theta
 from plasticlm.fednl.setup import model_for, tasks_for
+from plasticlm.runs import set_threads
 
 log = logging.getLogger("plasticlm.fednl")
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -57,6 +58,7 @@ client_app = ClientApp()
 
 
 def _client(msg: Message, context: Context):
+    set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runs.py)
     cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
     pid = int(context.node_config["partition-id"])
     tasks = tasks_for(cfg)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
+from plasticlm.runs import THREADS_ENV
 
 APP_DIR = Path(__file__).parent / "flower_app"
 
@@ -108,6 +109,8 @@ class LocalFederation:
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, FLWR_HOME=str(self.workdir / "flwr_home"),
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", PYTHONUNBUFFERED="1",
+                        # the processes share this machine's cores: one torch thread each
+                        **{THREADS_ENV: "1"},
                         # the SuperLink starts flower-superexec from PATH
                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 

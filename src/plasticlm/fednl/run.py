@@ -11,6 +11,11 @@ from pathlib import Path
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import check_method, set_theta
+from plasticlm.runs import THREADS_ENV
+
+# Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
+# one torch thread: the clients share the machine's cores.
+CLIENT_CPUS = 1
 
 
 def _quiet_flower() -> None:
@@ -51,14 +56,23 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
     initial = initial_theta(cfg)
     _quiet_flower()
-    run_simulation(
-        server_app=make_server_app(cfg, run_dir, initial),
-        client_app=client_app,
-        num_supernodes=n,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
-                                      "log_to_driver": False, "logging_level": "ERROR"}},
-    )
+    # Ray's worker processes inherit the environment; the ClientApp calls set_threads().
+    previous = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(CLIENT_CPUS)
+    try:
+        run_simulation(
+            server_app=make_server_app(cfg, run_dir, initial),
+            client_app=client_app,
+            num_supernodes=n,
+            backend_config={"client_resources": {"num_cpus": CLIENT_CPUS, "num_gpus": 0.0},
+                            "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
+                                          "log_to_driver": False, "logging_level": "ERROR"}},
+        )
+    finally:
+        if previous is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = previous
     from plasticlm.fednl.checkpoint import Checkpointer
 
     done = Checkpointer(run_dir, cfg).committed_round()

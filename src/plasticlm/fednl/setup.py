@@ -6,10 +6,10 @@ import functools
 
 import torch
 
-from plasticlm.data.sandbox import resolve_data_spec, resolve_model_spec
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import get_theta, prepare_model
 from plasticlm.fednl.task import ClientTask, client_tasks
+from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,7 +2,8 @@
 
 Two kinds of client:
 - knowledge (:class:`ClientTask`): multiple-choice questions; trains on (question, answer)
-  pairs, evaluated by continuation scoring. The sandbox world's five domains map one-to-one
+  pairs, evaluated by continuation scoring, both in the pre-training QA template
+  (:mod:`plasticlm.eval.prompts`). The sandbox world's five domains map one-to-one
   onto FedNL's five client domains; a real MMLU folder is split by
   :data:`plasticlm.data.partition.MMLU_CLIENT_DOMAIN`; a Dirichlet split over the same pool
   gives any number of clients.
@@ -23,9 +24,14 @@ from plasticlm.data import partition
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
-from plasticlm.eval import MCConfig, encode_pair, evaluate_mc_items
-
-PROMPT = "Question: {question}\nAnswer:"
+from plasticlm.eval import (
+    QA_TEMPLATE,
+    MCConfig,
+    encode_pair,
+    evaluate_mc_items,
+    qa_continuation,
+    qa_prompt,
+)
 
 
 @dataclass
@@ -39,7 +45,7 @@ class ClientTask:
 
     def pairs(self) -> list[tuple[str, str]]:
         """(prompt, answer continuation) for every training item."""
-        return [(PROMPT.format(question=q.question), " " + q.answer_text) for q in self.train]
+        return [(qa_prompt(q.question), qa_continuation(q.answer_text)) for q in self.train]
 
     def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
         """``steps`` batches of (input_ids [B,T], labels [B,T]); loss only on the answer."""
@@ -60,7 +66,7 @@ class ClientTask:
     def accuracy(self, model, tokenizer, batch_size: int = 32) -> float:
         """Multiple-choice accuracy on the held-out questions (continuation scoring)."""
         cfg = MCConfig(method="continuation", batch_size=batch_size,
-                       continuation_template=PROMPT)
+                       continuation_template=QA_TEMPLATE)
         return evaluate_mc_items(model, tokenizer, self.test, cfg).accuracy
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from plasticlm.errors import PlasticError
+from plasticlm.runs import set_threads
 
 IGNORE = -100
 
@@ -150,7 +151,7 @@ def train_mqar(config: MQARConfig, with_memory: bool, progress: bool = True) -> 
 
 def run_mqar(config: MQARConfig, progress: bool = True) -> dict:
     """Both variants with the same budget: window alone, then window + memory."""
-    torch.set_num_threads(config.threads)
+    set_threads(config.threads)
     return {
         "setup": dataclasses.asdict(config),
         "what": "2-layer tiny llama trained from scratch, all parameters trainable in both variants; "

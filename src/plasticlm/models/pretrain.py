@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from plasticlm.models.checkpoint import (
+    TrainState,
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 
@@ -77,9 +86,16 @@ def unigram_loss(train_blocks: torch.Tensor, eval_blocks: torch.Tensor, vocab_si
 
 def train_steps(model, loss_at: Callable[[int], torch.Tensor], steps: int, lr: float = 2e-3,
                 warmup: int = 50, weight_decay: float = 0.01, desc: str = "train",
-                progress: bool = True) -> list[float]:
+                progress: bool = True, checkpoint: str | Path | None = None,
+                checkpoint_every: int = 50, checkpoint_key: str = "") -> list[float]:
     """AdamW with linear warm-up, cosine decay to 10% and gradient clipping at 1;
-    ``loss_at(step)`` computes one step's loss. Returns the losses."""
+    ``loss_at(step)`` computes one step's loss and must depend on ``step`` alone (not on
+    hidden state), so that a resumed run draws the same batches. Returns the losses.
+
+    With ``checkpoint`` (a folder), the run saves itself every ``checkpoint_every`` steps and
+    a re-run with the same ``checkpoint_key`` continues from the last save; the folder is
+    removed when the run completes.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
 
@@ -89,9 +105,14 @@ def train_steps(model, loss_at: Callable[[int], torch.Tensor], steps: int, lr: f
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    key = json.dumps({"key": checkpoint_key, "steps": steps, "lr": lr, "warmup": warmup,
+                      "weight_decay": weight_decay}, sort_keys=True)
+    state = TrainState(0, [])
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, opt, sched, key) or state
     model.train()
-    losses = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(range(state.step, steps), desc=desc, disable=not progress, leave=False,
+               initial=state.step, total=steps)
     for step in bar:
         loss = loss_at(step)
         opt.zero_grad(set_to_none=True)
@@ -99,20 +120,33 @@ def train_steps(model, loss_at: Callable[[int], torch.Tensor], steps: int, lr: f
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        state.losses.append(loss.item())
+        state.step = step + 1
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if checkpoint is not None and state.step % checkpoint_every == 0 and state.step < steps:
+            save_checkpoint(checkpoint, model, opt, sched, state, key)
     model.eval()
-    return losses
+    if checkpoint is not None:
+        remove_checkpoint(checkpoint)
+    return state.losses
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """A generator for one step's random draws: a function of ``(seed, step)`` only, so a
+    resumed run draws what the uninterrupted one would have."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
 def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: float = 2e-3,
              warmup: int = 50, weight_decay: float = 0.01, seed: int = 0,
-             desc: str = "pre-train", progress: bool = True) -> list[float]:
+             desc: str = "pre-train", progress: bool = True, checkpoint: str | Path | None = None,
+             checkpoint_every: int = 50, checkpoint_key: str = "") -> list[float]:
     """:func:`train_steps` over random blocks ``[N, T+1]``; returns the losses."""
-    gen = torch.Generator().manual_seed(seed)
 
-    def loss_at(_step: int) -> torch.Tensor:
-        idx = torch.randint(len(blocks), (min(batch_size, len(blocks)),), generator=gen)
+    def loss_at(step: int) -> torch.Tensor:
+        idx = torch.randint(len(blocks), (min(batch_size, len(blocks)),),
+                            generator=step_generator(seed, step))
         return lm_loss(model, blocks[idx])
 
-    return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress)
+    return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
+                       checkpoint, checkpoint_every, checkpoint_key)

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_prompt
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.modes import FedRefine, Link, Peer, RefineConfig
 from plasticlm.refine.rephrase import rephrase
@@ -62,7 +63,7 @@ class ExperimentConfig:
 def resolve_model(spec: str) -> tuple[str, Path | str]:
     """(display name, folder or hub id) of ``sandbox:NAME`` / ``quick:NAME`` (pre-trained
     sandbox models) or a path / hub id."""
-    from plasticlm.data.sandbox import resolve_model_spec
+    from plasticlm.sandbox import resolve_model_spec
 
     name = spec.partition(":")[2]
     resolved = resolve_model_spec(spec)
@@ -78,20 +79,20 @@ def load_peer(spec: str) -> Peer:
 
 
 def load_questions(cfg: ExperimentConfig):
-    """(train questions, eval questions, prompt function)."""
+    """(train questions, eval questions, prompt function): the prompt function is the one QA
+    template, :func:`plasticlm.eval.qa_prompt`, for the sandbox and for real MMLU alike."""
     from plasticlm.data.mmlu import load_mmlu
 
     if cfg.mmlu:
-        folder, prompt = Path(cfg.mmlu), "Question: {}\nAnswer:".format
+        folder = Path(cfg.mmlu)
     else:
-        from plasticlm.data.sandbox import sandbox_world
-        from plasticlm.data.world import mc_prompt
+        from plasticlm.sandbox import sandbox_world
 
         preset = cfg.receiver.split(":", 1)[0]
         if preset not in ("sandbox", "quick"):
             raise PlasticError("without --mmlu the receiver must be a sandbox model "
                                "(sandbox:NAME or quick:NAME)")
-        folder, prompt = sandbox_world(preset) / "specialist_mmlu", mc_prompt
+        folder = sandbox_world(preset) / "specialist_mmlu"
     subjects = list(cfg.subjects) or None
     train = [q for s in cfg.train_splits for q in load_mmlu(folder, s, subjects)]
     test = [q for s in cfg.eval_splits for q in load_mmlu(folder, s, subjects)]
@@ -102,7 +103,7 @@ def load_questions(cfg: ExperimentConfig):
         train = train[: cfg.max_train]
     if cfg.max_eval:
         test = test[: cfg.max_eval]
-    return train, test, prompt
+    return train, test, qa_prompt
 
 
 def _fuser(run: Path, name: str, reuse: Path | None, make) -> Fuser:

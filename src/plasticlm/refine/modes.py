@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_continuation
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import (
     BYTES_PER_ELEMENT_ON_WIRE,
@@ -387,7 +388,7 @@ def score_choices(model, tokenizer, prep: Prepared, prompt: str, choices: list[s
     """Summed log-prob of `` <choice>`` for each choice, all in one batch on ``prep``'s state."""
     from plasticlm.eval import pad_batch, pad_id_of
 
-    conts = [continuation_ids(tokenizer, prep.prompt_ids, prompt, " " + c.strip())
+    conts = [continuation_ids(tokenizer, prep.prompt_ids, prompt, qa_continuation(c.strip()))
              for c in choices]
     ids, mask = pad_batch([prep.tail + c for c in conts], pad_id_of(tokenizer))
     logits = continue_from_cache(model, prep.cache.expand(len(conts)), ids, mask,

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_continuation
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache
 from plasticlm.refine.fuser import Fuser, concat_caches
@@ -116,7 +117,7 @@ def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | Non
         if private:
             text = rephrase(prompt, rephraser.model if rephraser else None,
                             rephraser.tokenizer if rephraser else None)[0]
-        out.append(Example(prompt, " " + q.answer_text.strip(), text))
+        out.append(Example(prompt, qa_continuation(q.answer_text.strip()), text))
     return out
 
 

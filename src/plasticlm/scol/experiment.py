@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from plasticlm.errors import PlasticError
+from plasticlm.eval import encode_pair, pad_id_of, qa_continuation, qa_prompt, score_continuations
+from plasticlm.runs import set_threads
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
 from plasticlm.scol.consolidate import float32_master, num_layers_of
 from plasticlm.scol.contexts import Context, chunk_text, contexts_from_passages, split_streams
@@ -77,7 +77,7 @@ def quick_config() -> ExperimentConfig:
 def resolve_model(cfg: ExperimentConfig) -> Path:
     if cfg.model:
         return Path(cfg.model)
-    from plasticlm.data.sandbox import sandbox_model
+    from plasticlm.sandbox import sandbox_model
 
     return sandbox_model("receiver", cfg.preset)
 
@@ -86,7 +86,7 @@ def resolve_world_file(cfg: ExperimentConfig, kind: str) -> Path:
     given = cfg.squad if kind == "squad" else cfg.longbench
     if given:
         return Path(given)
-    from plasticlm.data.sandbox import sandbox_world
+    from plasticlm.sandbox import sandbox_world
 
     world = sandbox_world(cfg.preset)
     return world / ("squad/unseen.json" if kind == "squad" else "longbench/items.json")
@@ -166,7 +166,7 @@ def load_model(cfg: ExperimentConfig):
     """``(model in float32, tokenizer)`` of the experiment, with ``cfg.threads`` threads."""
     from plasticlm.models import load_causal_lm
 
-    torch.set_num_threads(max(1, cfg.threads))
+    set_threads(max(1, cfg.threads))
     model, tok = load_causal_lm(resolve_model(cfg))
     return float32_master(model), tok
 
@@ -376,12 +376,10 @@ def _plot_fisher(report: dict, out: Path) -> None:
 
 def _mc_correct(model, tokenizer, item) -> bool:
     """Closed-book MC by log-prob: is the gold choice the likeliest `` <choice>`` after
-    ``Q: <question> A:``?"""
-    from plasticlm.eval import encode_pair, pad_id_of, score_continuations
-
+    ``Q: <question> A:`` (:func:`plasticlm.eval.qa_prompt`)?"""
     ctxs, conts = [], []
     for c in item.choices:
-        a, b = encode_pair(tokenizer, f"Q: {item.question} A:", " " + c)
+        a, b = encode_pair(tokenizer, qa_prompt(item.question), qa_continuation(c))
         ctxs.append(a)
         conts.append(b)
     s = [x.logprob for x in score_continuations(model, ctxs, conts, pad_id=pad_id_of(tokenizer))]

@@ -1,8 +1,9 @@
 """Rewards = acquisition - lambda * forgetting, supervised (QA) or intrinsic (likelihood).
 
-Closed-book QA: the model greedily continues ``Q: <question> A:`` (the sandbox's QA format)
-and the answer, cut at the first newline or full stop, is graded with SQuAD exact match
-and F1 against the gold answers. Likelihood terms are mean next-token NLL in nats/token.
+Closed-book QA: the model greedily continues ``Q: <question> A:`` (the one QA template,
+:func:`plasticlm.eval.qa_prompt`) and the answer, cut at the first newline or full stop, is
+graded with SQuAD exact match and F1 against the gold answers. Likelihood terms are mean
+next-token NLL in nats/token.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import generate_texts, squad_score
+from plasticlm.eval import qa_prompt as template_prompt
 from plasticlm.scol.consolidate import lm_loss
 
 ANSWER_STOPS = ("\n", ".", " Q:")
@@ -35,8 +37,9 @@ class Reward:
 
 
 def qa_prompt(question: str, prefix: str = "") -> str:
-    """``Q: <question> A:``, after ``prefix`` (in-context baselines put contexts there)."""
-    return f"{prefix}Q: {question} A:"
+    """:func:`plasticlm.eval.qa_prompt` after ``prefix`` (in-context baselines put contexts
+    there)."""
+    return prefix + template_prompt(question)
 
 
 @torch.no_grad()

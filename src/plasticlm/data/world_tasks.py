@@ -1,0 +1,177 @@
+"""Tasks over the world's unseen entities where the evidence lies far back in the context.
+
+- **Open-book items**: an unseen entity's passage, then filler, then a question about the
+  passage: with a short attention window, only a memory of the context can answer.
+- **Client streams**: per domain, one long stream of that domain's passages with questions
+  about entities introduced earlier interleaved later (never reset): the setting of a
+  private memory that builds over a client's context.
+
+Both are JSON lines and deterministic by seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from plasticlm.data.jsonl import read_jsonl
+from plasticlm.data.world import World, filler_sentences, passage_text
+from plasticlm.data.world_domains import person_name
+from plasticlm.errors import PlasticError
+from plasticlm.eval.prompts import qa_prompt
+
+
+@dataclass(frozen=True)
+class OpenBookItem:
+    """``context`` = passage + filler; ask ``qa_prompt(question)`` after it and score each
+    choice as `` <choice>``; ``answer`` is the index of the right choice."""
+
+    id: str
+    domain: str
+    entity: str
+    attribute: str
+    closed: bool
+    context: str
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    filler_words: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.context}\n{qa_prompt(self.question)}"
+
+
+@dataclass(frozen=True)
+class StreamSegment:
+    """One piece of a client stream: a passage (``kind="text"``) or a question about an
+    entity whose passage came ``lag`` passages earlier (``kind="question"``)."""
+
+    kind: str
+    text: str
+    entity: str = ""
+    attribute: str = ""
+    answer: str = ""
+    choices: tuple[str, ...] = ()
+    lag: int = 0
+
+
+def _choices(world: World, domain: str, attribute: str, right: str,
+             rng: random.Random, n: int = 4) -> tuple[tuple[str, ...], int]:
+    a = next(x for x in world.domain(domain).attributes if x.name == attribute)
+    if a.closed:
+        wrong = rng.sample([v for v in a.values if v != right], n - 1)
+    else:
+        wrong = []
+        while len(wrong) < n - 1:
+            v = person_name(rng)
+            if v != right and v not in wrong:
+                wrong.append(v)
+    choices = [right, *wrong]
+    rng.shuffle(choices)
+    return tuple(choices), choices.index(right)
+
+
+def _filler(words: int, rng: random.Random) -> str:
+    out: list[str] = []
+    while sum(len(s.split()) for s in out) < words:
+        out += filler_sentences(8, seed=rng.randrange(1 << 30))
+    return " ".join(out)
+
+
+def openbook_items(world: World, filler_words: tuple[int, int] = (80, 160),
+                   domains: Sequence[str] | None = None, seed: int = 0) -> list[OpenBookItem]:
+    """One item per (unseen entity, attribute) of ``domains`` (default all), with
+    ``filler_words`` (a range) of neutral filler between the passage and the question."""
+    rng = random.Random(seed)
+    wanted = set(domains or [d.name for d in world.domains])
+    items = []
+    for e in world.entities:
+        if e.role != "unseen" or e.domain not in wanted:
+            continue
+        d = world.domain(e.domain)
+        passage = passage_text(e, d, rng)
+        for a in d.attributes:
+            n = rng.randint(*filler_words)
+            choices, answer = _choices(world, e.domain, a.name, e.attributes[a.name], rng)
+            items.append(OpenBookItem(f"{e.id}.{a.name}", e.domain, e.name, a.name, a.closed,
+                                      passage + "\n" + _filler(n, rng),
+                                      a.question.format(e=e.name), choices, answer, n))
+    return items
+
+
+def client_stream(world: World, domain: str, min_lag: int = 3, questions_per_passage: float = 1.0,
+                  seed: int = 0) -> list[StreamSegment]:
+    """The passages of ``domain``'s unseen entities in a random order; after each passage,
+    about ``questions_per_passage`` questions on entities at least ``min_lag`` passages back
+    (each attribute asked once)."""
+    rng = random.Random(seed)
+    entities = [e for e in world.entities if e.role == "unseen" and e.domain == domain]
+    if not entities:
+        raise PlasticError(f"the world has no unseen entities in domain {domain!r}")
+    rng.shuffle(entities)
+    d = world.domain(domain)
+    pending: list[tuple[int, object, object]] = []
+    segments: list[StreamSegment] = []
+    for i, e in enumerate(entities):
+        segments.append(StreamSegment("text", passage_text(e, d, rng), e.name))
+        pending += [(i, e, a) for a in d.attributes]
+        ready = [p for p in pending if i - p[0] >= min_lag]
+        k = int(questions_per_passage) + (rng.random() < questions_per_passage % 1)
+        for p in rng.sample(ready, min(k, len(ready))):
+            pending.remove(p)
+            j, ent, a = p
+            value = ent.attributes[a.name]
+            choices, _ = _choices(world, domain, a.name, value, rng)
+            segments.append(StreamSegment("question", a.question.format(e=ent.name), ent.name,
+                                          a.name, value, choices, i - j))
+    return segments
+
+
+def write_openbook(path: str | Path, items: Sequence[OpenBookItem]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(x)) + "\n" for x in items))
+    return path
+
+
+def load_openbook(path: str | Path) -> list[OpenBookItem]:
+    out = []
+    for n, obj in read_jsonl(path, "open-book items"):
+        try:
+            out.append(OpenBookItem(**{**obj, "choices": tuple(obj["choices"])}))
+        except (TypeError, KeyError) as e:
+            raise PlasticError(f"{path}, line {n}: not an open-book item ({e})") from None
+    return out
+
+
+def write_client_streams(path: str | Path, streams: dict[str, list[StreamSegment]]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"domain": k, "segments": [asdict(s) for s in v]}) + "\n"
+                            for k, v in streams.items()))
+    return path
+
+
+def load_client_streams(path: str | Path) -> dict[str, list[StreamSegment]]:
+    out = {}
+    for n, obj in read_jsonl(path, "client streams"):
+        try:
+            out[obj["domain"]] = [StreamSegment(**{**s, "choices": tuple(s["choices"])})
+                                  for s in obj["segments"]]
+        except (TypeError, KeyError) as e:
+            raise PlasticError(f"{path}, line {n}: not a client stream ({e})") from None
+    return out
+
+
+def write_world_tasks(world: World, out: str | Path, seed: int = 0) -> Path:
+    """``openbook/items.jsonl`` and ``client_streams.jsonl`` beside a written world."""
+    out = Path(out)
+    write_openbook(out / "openbook" / "items.jsonl", openbook_items(world, seed=seed))
+    write_client_streams(out / "client_streams.jsonl",
+                         {d.name: client_stream(world, d.name, seed=seed + i)
+                          for i, d in enumerate(world.domains)})
+    return out

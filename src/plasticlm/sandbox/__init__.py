@@ -1,0 +1,32 @@
+"""The sandbox: presets of a generated world and a small model family pre-trained on it.
+
+Sits above ``data``, ``models`` and ``eval`` (it uses all three) and below the methods.
+"""
+
+from plasticlm.sandbox.drills import niah_drill_batch, train_niah_drills
+from plasticlm.sandbox.presets import (
+    PRESETS,
+    SANDBOX_VERSION,
+    ModelSpec,
+    Preset,
+    TokenizerSpec,
+    get_preset,
+    preset_dir,
+)
+from plasticlm.sandbox.pretrain import (
+    ensure_sandbox_models,
+    pretrain_preset,
+    sandbox_model,
+    sandbox_world,
+)
+from plasticlm.sandbox.probes import evaluate_niah, evaluate_world_mc, niah_choice, probe_table
+from plasticlm.sandbox.specs import resolve_data_spec, resolve_model_spec, sandbox_preset_of
+from plasticlm.sandbox.text import TextPretrainConfig, pretrain_text
+
+__all__ = [
+    "PRESETS", "SANDBOX_VERSION", "ModelSpec", "Preset", "TextPretrainConfig", "TokenizerSpec",
+    "ensure_sandbox_models", "evaluate_niah", "evaluate_world_mc", "get_preset",
+    "niah_choice", "niah_drill_batch", "preset_dir", "pretrain_preset", "pretrain_text",
+    "probe_table", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
+    "sandbox_preset_of", "sandbox_world", "train_niah_drills",
+]

@@ -1,0 +1,235 @@
+"""Pre-train a sandbox preset: write its world, train its tokenizers and models, probe them.
+
+Resumable: each model's pre-training and drills checkpoint every ``checkpoint_every`` steps
+(:func:`plasticlm.models.train_steps`), finished models are kept, and a re-run continues
+where a killed one stopped. CPU seconds are reported beside wall seconds, since another job
+on the same cores slows a run several-fold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from plasticlm.data.niah import haystack_sentences
+from plasticlm.data.world import generate_world, write_world
+from plasticlm.data.world_tasks import write_world_tasks
+from plasticlm.errors import PlasticError
+from plasticlm.models import (
+    build_tiny,
+    describe,
+    evaluate_loss,
+    load_causal_lm,
+    pack_corpus,
+    train_bpe_tokenizer,
+    train_lm,
+    unigram_loss,
+)
+from plasticlm.runs import seed_everything
+from plasticlm.sandbox.drills import train_niah_drills
+from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
+from plasticlm.sandbox.probes import evaluate_niah, evaluate_world_mc, probe_table
+
+
+def save_model_atomic(model, tokenizer, out: Path) -> None:
+    """Save an HF folder beside ``out`` and swap it in, so a crash never leaves half a model."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def build_model(spec: ModelSpec, vocab_size: int, max_len: int):
+    return build_tiny(spec.arch, seed=spec.seed, vocab_size=vocab_size,
+                      hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+                      num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                      head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+                      max_position_embeddings=max_len)
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def loss_report(model, tokenizer, train_docs, valid_docs, seq_len: int) -> dict:
+    train = pack_corpus(tokenizer, train_docs, seq_len)
+    valid = pack_corpus(tokenizer, valid_docs, min(seq_len, 64))
+    return {"valid_loss": round(evaluate_loss(model, valid), 4),
+            "unigram_loss": round(unigram_loss(train, valid, len(tokenizer)), 4),
+            "train_tokens": int(train[:, 1:].numel())}
+
+
+def member_key(p: Preset, spec: ModelSpec) -> str:
+    """Everything a trained member depends on: its spec, its parent's key, the world, its
+    tokenizer, the sequence length and the drill settings. A saved model or checkpoint is
+    reused only under the same key."""
+    parent = next((m for m in p.models if m.name == spec.init_from), None)
+    drills = (p.drill_lengths, p.drill_batch_size, p.drill_lr) if spec.drill_steps else None
+    return json.dumps({"spec": asdict(spec), "world": asdict(p.world), "seq_len": p.seq_len,
+                       "tokenizer": asdict(next(t for t in p.tokenizers
+                                                if t.name == spec.tokenizer)),
+                       "general_fraction": p.specialist_general_fraction, "drills": drills,
+                       "parent": member_key(p, parent) if parent else None}, sort_keys=True)
+
+
+def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Path,
+                  world_dir: Path, drill_hay: list[str], niah_hay: list[str],
+                  progress: bool) -> dict:
+    """Pre-train (and drill) one model with checkpoints under ``folder.ckpt``; returns its
+    training record."""
+    t, c = time.time(), _cpu_seconds()
+    seed_everything(spec.seed)
+    ckpt = folder.with_name(folder.name + ".ckpt")
+    key = member_key(p, spec)
+    stage1 = ckpt / "pretrained"
+    stage1_info = ckpt / "pretrained.json"
+    if stage1_info.exists() and json.loads(stage1_info.read_text()).get("key") == key:
+        model, _ = load_causal_lm(stage1)
+        info = json.loads(stage1_info.read_text())["info"]
+    else:
+        blocks = pack_corpus(tok, corpus, p.seq_len)
+        if spec.init_from:
+            model, _ = load_causal_lm(folder.with_name(spec.init_from))
+        else:
+            model = build_model(spec, len(tok), max(2048, 4 * p.seq_len))
+        losses = train_lm(model, blocks, spec.steps, batch_size=spec.batch_size, lr=spec.lr,
+                          warmup=min(50, spec.steps // 5 + 1), seed=spec.seed,
+                          desc=f"pre-train {spec.name}", progress=progress,
+                          checkpoint=ckpt / "train", checkpoint_every=p.checkpoint_every,
+                          checkpoint_key=key)
+        info = {"spec": asdict(spec), "key": key, "first_loss": round(losses[0], 4),
+                "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
+                "loss_every_10": [round(x, 4) for x in losses[::10]],
+                "pretrain_seconds": round(time.time() - t, 1)}
+        if spec.drill_steps:
+            # Measured before the drills, so the report shows what they add.
+            info["before_drills"] = {
+                "niah": evaluate_niah(model, tok, niah_hay, p.niah, p.niah_samples),
+                "mc_core_heldout": evaluate_world_mc(model, tok, world_dir, "core")["all"]}
+            save_model_atomic(model, tok, stage1)
+            write_json_atomic(stage1_info, {"key": key, "info": info})
+    if spec.drill_steps:
+        t_drill = time.time()
+        drill = train_niah_drills(model, tok, drill_hay, spec.drill_steps, p.drill_lengths,
+                                  p.drill_batch_size, p.drill_lr, seed=spec.seed,
+                                  progress=progress, checkpoint=ckpt / "drills",
+                                  checkpoint_every=p.checkpoint_every, checkpoint_key=key)
+        info["drill_seconds"] = round(time.time() - t_drill, 1)
+        info["drill_loss_every_10"] = [round(x, 4) for x in drill[::10]]
+    info["train_seconds"] = round(time.time() - t, 1)
+    info["train_cpu_seconds"] = round(_cpu_seconds() - c, 1)
+    save_model_atomic(model, tok, folder)
+    write_json_atomic(folder / "pretrain_info.json", info)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return info
+
+
+def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
+                    progress: bool = True, reuse: bool = True) -> dict:
+    """Write the world, train tokenizers and every model of ``preset``, probe, save.
+
+    With ``reuse``, a model folder whose ``pretrain_info.json`` names the same spec is kept,
+    and an interrupted model resumes from its checkpoint. Returns the report (also written
+    to ``<out>/report.json``, with the probe table in ``<out>/probes.md``).
+    """
+    p = get_preset(preset)
+    out = Path(out) if out else preset_dir(preset)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, c0 = time.time(), _cpu_seconds()
+    world = generate_world(p.world)
+    world_dir = write_world(world, out / "world")
+    write_world_tasks(world, world_dir, seed=p.world.seed)
+    rng = random.Random(p.world.seed)
+    texts = {"train": world.train_docs,
+             "mixed": world.valid_docs + world.specialist_docs
+             + rng.sample(world.train_docs, len(world.train_docs) // 2)}
+    toks = {}
+    for ts in p.tokenizers:
+        toks[ts.name] = train_bpe_tokenizer(texts[ts.corpus], vocab_size=ts.vocab_size)
+        toks[ts.name].save_pretrained(out / "tokenizers" / ts.name)
+    n_general = int(p.specialist_general_fraction * len(world.specialist_docs))
+    corpora = {"train": world.train_docs,
+               "specialist": world.specialist_docs + rng.sample(world.train_docs, n_general)}
+    niah_hay = haystack_sentences(world.valid_docs)
+    drill_hay = haystack_sentences(world.train_docs)
+    report: dict = {"preset": preset, "sandbox_version": SANDBOX_VERSION, "world": asdict(p.world),
+                    "seq_len": p.seq_len, "cpu_count": os.cpu_count(),
+                    "loadavg_start": [round(x, 2) for x in os.getloadavg()], "models": {}}
+    report["torch_threads"] = torch.get_num_threads()
+    for spec in p.models:
+        tok = toks[spec.tokenizer]
+        folder = out / spec.name
+        info_path = folder / "pretrain_info.json"
+        info = json.loads(info_path.read_text()) if reuse and info_path.exists() else None
+        if info is not None and info.get("key") == member_key(p, spec):
+            model, tok = load_causal_lm(folder)
+        else:
+            if progress:
+                print(f"[pretrain] {spec.name}: {spec.num_layers} x {spec.hidden_size} "
+                      f"{spec.arch}, {spec.steps} steps"
+                      + (f" + {spec.drill_steps} drill steps" if spec.drill_steps else ""),
+                      flush=True)
+            info = _train_member(p, spec, tok, corpora[spec.corpus], folder, world_dir,
+                                 drill_hay, niah_hay, progress)
+            model, tok = load_causal_lm(folder)
+        t_eval, c_eval = time.time(), _cpu_seconds()
+        entry = {**info, "describe": describe(model), "tokenizer": spec.tokenizer,
+                 **loss_report(model, tok, corpora[spec.corpus], world.valid_docs, p.seq_len),
+                 "mc_core_heldout": evaluate_world_mc(model, tok, world_dir, "core"),
+                 "mc_specialist": evaluate_world_mc(model, tok, world_dir, "specialist",
+                                                    ("dev", "val", "test"))}
+        if spec.drill_steps:
+            entry["mc_core_dev"] = evaluate_world_mc(model, tok, world_dir, "core", ("dev",))
+            entry["niah"] = evaluate_niah(model, tok, niah_hay, p.niah, p.niah_samples)
+        entry["eval_seconds"] = round(time.time() - t_eval, 1)
+        entry["eval_cpu_seconds"] = round(_cpu_seconds() - c_eval, 1)
+        report["models"][spec.name] = entry
+    report["total_seconds"] = round(time.time() - t0, 1)
+    report["total_cpu_seconds"] = round(_cpu_seconds() - c0, 1)
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["niah_chance"] = {"choice": 0.25, "single": 1e-5, "multikey": 0.25}
+    write_json_atomic(out / "report.json", report)
+    (out / "probes.md").write_text(probe_table(report) + "\n")
+    return report
+
+
+def ensure_sandbox_models(preset: str = "sandbox", progress: bool = True) -> dict[str, Path]:
+    """Paths of the preset's model folders, training the whole preset when any is missing."""
+    p = get_preset(preset)
+    root = preset_dir(preset)
+    paths = {m.name: root / m.name for m in p.models}
+    if not all((q / "config.json").exists() for q in paths.values()) or \
+            not (root / "report.json").exists():
+        pretrain_preset(preset, root, progress=progress)
+    return paths
+
+
+def sandbox_model(name: str, preset: str = "sandbox", progress: bool = True) -> Path:
+    """The HF folder of one sandbox model (trained on first use); load with load_causal_lm."""
+    names = [m.name for m in get_preset(preset).models]
+    if name not in names:
+        raise PlasticError(f"no sandbox model {name!r} in preset {preset!r}; choose one of "
+                           f"{', '.join(names)}")
+    return ensure_sandbox_models(preset, progress)[name]
+
+
+def sandbox_world(preset: str = "sandbox", progress: bool = True) -> Path:
+    """The world folder the preset's models were trained on."""
+    ensure_sandbox_models(preset, progress)
+    return preset_dir(preset) / "world"

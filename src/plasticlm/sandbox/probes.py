@@ -1,0 +1,130 @@
+"""What a sandbox model knows: held-out multiple choice and needle retrieval, with intervals.
+
+Every accuracy comes with a 95% bootstrap interval over entities (the three questions about
+one entity move together), from :func:`plasticlm.eval.bootstrap_ci`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+
+from plasticlm.data.mmlu import load_mmlu
+from plasticlm.data.niah import generate_niah, score
+from plasticlm.data.world import question_meta, read_world_index
+from plasticlm.eval import (
+    MCConfig,
+    bootstrap_ci,
+    encode_pair,
+    evaluate_mc_items,
+    generate_texts,
+    pad_id_of,
+    score_continuations,
+)
+
+
+def _ci_entry(correct: list[float], groups: list[str] | None = None) -> dict:
+    ci = bootstrap_ci(correct, groups=groups)
+    return {"accuracy": round(ci.mean, 4), "low": round(ci.low, 4), "high": round(ci.high, 4),
+            "n": len(correct)}
+
+
+def evaluate_world_mc(model, tokenizer, world_dir: Path, role: str = "core",
+                      splits: tuple[str, ...] = ("val", "test")) -> dict:
+    """MC accuracy on a world's questions of ``role`` in ``splits``, overall and per split,
+    domain and head/torso/tail bucket, each ``{"accuracy", "low", "high", "n"}``; every
+    choice is scored as a continuation of the one QA prompt (chance 25%)."""
+    folder = Path(world_dir) / ("mmlu" if role == "core" else "specialist_mmlu")
+    meta = question_meta(read_world_index(world_dir), role)
+    qs = [q for s in splits for q in load_mmlu(folder, s)]
+    result = evaluate_mc_items(model, tokenizer, qs, MCConfig(method="continuation",
+                                                              batch_size=32))
+    groups: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for ok, q in zip(result.correct, qs):
+        m = meta[(q.subject, q.split, q.index)]
+        entity = m.get("entity", m["fact"].rsplit(".", 1)[0])
+        for g in ("all", f"split/{q.split}", f"domain/{q.subject}", f"bucket/{m['bucket']}"):
+            groups[g].append((float(ok), entity))
+    return {g: _ci_entry([x for x, _ in v], [e for _, e in v])
+            for g, v in sorted(groups.items())}
+
+
+def _same_format(value: str, rng: random.Random) -> str:
+    """A random string shaped like ``value``: digits stay digits, hex letters hex letters."""
+    out = []
+    for ch in value:
+        if ch.isdigit():
+            out.append(rng.choice("0123456789"))
+        elif ch in "abcdef":
+            out.append(rng.choice("abcdef0123456789"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def niah_choice(model, tokenizer, samples, num_choices: int = 4, seed: int = 0) -> list[float]:
+    """Per sample, 1.0 when the needle's first answer out-scores ``num_choices - 1`` random
+    strings of the same format after the prompt (chance ``1/num_choices``): whether the
+    model reads the needle at all even when it cannot copy it token for token."""
+    rng = random.Random(seed)
+    contexts, conts = [], []
+    for s in samples:
+        true = s.answers[0]
+        options = [true]
+        while len(options) < num_choices:
+            fake = _same_format(true, rng)
+            if fake not in options:
+                options.append(fake)
+        for o in options:
+            ctx, cont = encode_pair(tokenizer, s.prompt, " " + o)
+            contexts.append(ctx)
+            conts.append(cont)
+    scored = score_continuations(model, contexts, conts, pad_id_of(tokenizer), 16, "right")
+    out = []
+    for i in range(len(samples)):
+        group = [x.logprob for x in scored[i * num_choices:(i + 1) * num_choices]]
+        out.append(float(max(range(num_choices), key=group.__getitem__) == 0))
+    return out
+
+
+def evaluate_niah(model, tokenizer, sentences: list[str], probes, n: int, seed: int = 0) -> dict:
+    """Per ``(task, length in tokens)`` probe: the mean task score of greedy answers
+    (``score``, RULER's measure) and retrieval by 4-way choice (``choice``, chance 0.25),
+    each with its interval."""
+    out = {}
+    for task, length in probes:
+        samples = generate_niah(task, n, length, sentences, seed=seed, tokenizer=tokenizer)
+        preds = generate_texts(model, tokenizer, [s.prompt for s in samples],
+                               max_new_tokens=12, stop=("\n",))
+        out[f"{task}/{length}"] = {
+            "score": _ci_entry([score(s, p) for s, p in zip(samples, preds)]),
+            "choice": _ci_entry(niah_choice(model, tokenizer, samples, seed=seed)),
+            "mean_length": round(sum(s.length for s in samples) / n, 1),
+            "example": {"answers": samples[0].answers, "prediction": preds[0]}}
+    return out
+
+
+def _cell(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    return (f"{100 * entry['accuracy']:.1f} [{100 * entry['low']:.1f}, "
+            f"{100 * entry['high']:.1f}] n={entry['n']}")
+
+
+def probe_table(report: dict) -> str:
+    """The preset report as a Markdown table: held-out MC overall and per bucket, the
+    specialist's facts per split, needle retrieval by choice; 95% intervals over entities."""
+    rows = ["| model | layers x hidden | core held-out MC | head | torso | tail | "
+            "specialist dev | specialist val | specialist test | needle choice |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in report["models"].items():
+        core, spec = m["mc_core_heldout"], m["mc_specialist"]
+        needle = "; ".join(f"{k}: {_cell(v['choice'])}" for k, v in m.get("niah", {}).items())
+        d = m["describe"]
+        rows.append(f"| {name} | {d['layers']} x {d['hidden']} | {_cell(core['all'])} | "
+                    f"{_cell(core.get('bucket/head'))} | {_cell(core.get('bucket/torso'))} | "
+                    f"{_cell(core.get('bucket/tail'))} | {_cell(spec.get('split/dev'))} | "
+                    f"{_cell(spec.get('split/val'))} | {_cell(spec.get('split/test'))} | "
+                    f"{needle or '-'} |")
+    return "\n".join(rows) + "\n\nchance: MC 25%, needle choice 25%; [95% interval over entities]"

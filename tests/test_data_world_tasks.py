@@ -1,0 +1,66 @@
+"""Open-book items and client streams: the evidence is in the context, far from the question,
+and every question is asked only after its evidence."""
+
+import pytest
+
+from plasticlm.data import (
+    WorldConfig,
+    client_stream,
+    generate_world,
+    load_client_streams,
+    load_openbook,
+    openbook_items,
+    write_world_tasks,
+)
+from plasticlm.errors import PlasticError
+
+SMALL = WorldConfig(seed=3, core_per_domain=8, unseen_per_domain=6, specialist_entities=8,
+                    drills=4, longbench_per_length=1, longbench_words=(100, 200, 300))
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(SMALL)
+
+
+def test_openbook_items_hold_their_evidence_before_the_filler(world):
+    items = openbook_items(world, filler_words=(50, 60), seed=1)
+    assert len(items) == 5 * 6 * 4           # domains x unseen entities x attributes
+    for it in items:
+        right = it.choices[it.answer]
+        passage, _, filler = it.context.partition("\n")
+        assert right in passage and it.entity in passage and right not in filler
+        assert len(filler.split()) >= 50 and it.entity in it.question
+        assert it.prompt.endswith(f"Q: {it.question} A:")
+        assert len(set(it.choices)) == 4
+    assert {it.closed for it in items} == {True, False}
+    assert openbook_items(world, filler_words=(50, 60), seed=1) == items
+
+
+def test_client_stream_asks_only_after_the_evidence(world):
+    segs = client_stream(world, "law", min_lag=2, questions_per_passage=1.5, seed=0)
+    seen: list[str] = []
+    questions = 0
+    for s in segs:
+        if s.kind == "text":
+            seen.append(s.entity)
+        else:
+            questions += 1
+            assert s.entity in seen and s.lag >= 2
+            assert seen[-1 - s.lag] == s.entity
+            assert s.answer in s.choices and len(s.choices) == 4
+    assert len(seen) == 6 and questions > 0
+    with pytest.raises(PlasticError, match="no unseen entities"):
+        client_stream(world, "astronomy")
+
+
+def test_tasks_round_trip(world, tmp_path):
+    write_world_tasks(world, tmp_path, seed=0)
+    items = load_openbook(tmp_path / "openbook" / "items.jsonl")
+    assert items == openbook_items(world, seed=0)
+    streams = load_client_streams(tmp_path / "client_streams.jsonl")
+    assert set(streams) == {d.name for d in world.domains}
+    assert streams["law"] == client_stream(world, "law", seed=3)
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
+    with pytest.raises(PlasticError, match="line 1"):
+        load_openbook(tmp_path / "bad.jsonl")
