@@ -17,7 +17,7 @@ from plasticlm.fednl.methods import (
     trainable,
 )
 from plasticlm.fednl.task import ClientTask
-from plasticlm.models import build_tiny, train_bpe_tokenizer
+from plasticlm.models import build_tiny, pack_corpus, train_bpe_tokenizer, train_lm
 
 FACTS = [("Where was Alira Marrow born?", ("Korvale", "Belburg", "Astford", "Dunmere")),
          ("Which language is zenly written in?", ("Rust", "Go", "Zig", "OCaml")),
@@ -37,12 +37,30 @@ def task():
     return ClientTask("c0", "stem", qs, qs)
 
 
-def fresh(method: str, tok, **kw):
-    torch.manual_seed(0)
+_BASE: dict = {}
+
+
+def _base(tok):
+    """A tiny base pre-trained on every question with every choice: it knows the format and
+    the four candidates (answer loss ~ln 4) but not which one this client's data says."""
+    if "state" not in _BASE:
+        torch.manual_seed(0)
+        model = build_tiny("qwen3", vocab_size=len(tok), hidden_size=32, num_layers=2,
+                           num_heads=2, num_kv_heads=1)
+        blocks = pack_corpus(tok, [qa_line(q, c) for q, cs in FACTS for c in cs] * 8, 32)
+        train_lm(model, blocks, 120, batch_size=8, lr=1e-2, warmup=10, progress=False)
+        _BASE["state"] = {k: v.clone() for k, v in model.state_dict().items()}
     model = build_tiny("qwen3", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=2,
                        num_kv_heads=1)
-    cfg = MethodConfig(name=method, local_steps=6, batch_size=4, ala_steps=2, lr=1e-2,
-                       full_lr=1e-2, memory_window=8, **kw)
+    model.load_state_dict(_BASE["state"])
+    return model
+
+
+def fresh(method: str, tok, **kw):
+    torch.manual_seed(0)
+    model = _base(tok)
+    cfg = MethodConfig(name=method, **{**dict(local_steps=6, batch_size=4, ala_steps=2, lr=1e-2,
+                                               full_lr=1e-2, memory_window=8), **kw})
     return prepare_model(model, cfg), cfg
 
 
@@ -67,22 +85,46 @@ def test_theta_is_exactly_what_each_method_trains(tok):
     assert lora_bytes < sum(v.numel() for v in get_theta(full).values()) / 5
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_local_update_learns_the_clients_answers(method, tok, task):
-    model, cfg = fresh(method, tok)
+def _three_rounds(method, tok, task, **kw):
+    model, cfg = fresh(method, tok, **kw)
     start = get_theta(model)
-    acc0 = None
-    if method != "fednl":  # the memory gate starts almost closed: accuracy moves slowly
-        acc0 = task.accuracy(model, tok)
-    state, theta = {}, start
+    acc0 = task.accuracy(model, tok)
+    state, theta, first = {}, start, None
     for r in range(3):
         theta, metrics = local_update(model, tok, task, theta, state, cfg, seed=r)
+        first = metrics["train_loss_first"] if first is None else first
+    return model, start, theta, acc0, task.accuracy(model, tok), first, metrics["train_loss_last"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_local_update_learns_the_clients_answers(method, tok, task):
+    """The base knows the four candidates of each question but not the client's answer:
+    three local rounds lower the answer loss and lift accuracy above the base's; at
+    lr = 1e-9 neither happens, so the check measures learning, not the passage of steps."""
+    model, start, theta, acc0, acc, first, last = _three_rounds(method, tok, task)
     assert set(theta) == set(start)
-    assert any(not torch.equal(theta[k], start[k]) for k in theta)
-    assert metrics["train_loss_last"] < 6.0 and metrics["train_loss_last"] == \
-        metrics["train_loss_last"]
-    if acc0 is not None and method != "fedavg-full":
-        assert task.accuracy(model, tok) >= acc0
+    assert last < first - 0.05, (first, last)
+    assert acc > acc0 and acc >= 0.75, (acc0, acc)
+    if method in ("fednl", "fedavg"):
+        *_, acc0_, acc_, first_, last_ = _three_rounds(method, tok, task, lr=1e-9,
+                                                       gate_lr=1e-9, full_lr=1e-9)
+        assert acc_ == acc0_ and not last_ < first_ - 0.05
+
+
+def test_the_memory_gate_opens_within_the_default_budget(tok, task):
+    """With the default gate learning rate one local round moves some gate logit by > 0.1
+    (at the LoRA rate, 2e-3, Adam moved it by < 0.1 in a whole run); the budget check warns
+    when a configuration cannot move the gate."""
+    from plasticlm.fednl.methods import gate_check
+
+    model, cfg = fresh("fednl", tok, lr=MethodConfig.lr, gate_lr=MethodConfig.gate_lr,
+                       local_steps=MethodConfig.local_steps)
+    start = get_theta(model)
+    theta, _ = local_update(model, tok, task, start, {}, cfg, seed=0)
+    moved = max((theta[k] - start[k]).abs().max().item() for k in start if k.endswith("gate_logit"))
+    assert moved > 0.1
+    assert gate_check(MethodConfig(), rounds=4) is None
+    assert "gate can move by at most" in gate_check(MethodConfig(gate_lr=2e-3), rounds=4)
 
 
 def test_fedprox_stays_closer_to_the_global_theta(tok, task):

@@ -144,17 +144,27 @@ def test_incremental_hf_cache_is_refused():
             model(ids(t=1), cache=out.cache, use_cache=True)
 
 
-def test_padding_mask_is_respected():
-    """Left padding: the padded row's real tokens give the same logits as the unpadded row."""
-    model = attach_memory(tiny("llama"), layers=[0], window=6, gate_init=-16.0)
+@pytest.mark.parametrize("conv", [0, 4])
+def test_padding_mask_is_respected(conv):
+    """Left padding with an open gate and real (nonzero) pad tokens: the padded row's real
+    tokens give the unpadded row's logits, so padding neither writes the memory nor enters
+    the convolution; without the padding mask they differ."""
+    model = attach_memory(tiny("llama"), layers="all", window=6, gate_init=0.0, conv_size=conv)
+    with torch.no_grad():  # a trained-looking theta: LoRA B and conv away from their init
+        for name, p in model.named_parameters():
+            if p.requires_grad and ("lora" in name or "conv" in name):
+                p.add_(0.3 * torch.randn_like(p))
     x = ids(t=12, b=1)
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], dim=1)
+    padded = torch.cat([torch.full((1, 3), 7, dtype=torch.long), x], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 12, dtype=torch.long)], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         plain = model(x).logits
         out = model(padded, attention_mask=mask, position_ids=positions).logits[:, 3:]
+        unmasked = model(padded, attention_mask=torch.ones_like(mask),
+                         position_ids=positions).logits[:, 3:]
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
+    assert (unmasked - plain).abs().max() > 1e-3
 
 
 def test_config_dataclass_defaults():

@@ -18,6 +18,7 @@ Personalised state (ALA weights, SI importances, previous local theta) is a flat
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -45,9 +46,10 @@ class MethodConfig:
     memory_window: int = 64
     memory_layers: str = "all"    # "all" or comma-separated layer indices
     memory_conv: int = 4          # short causal convolution (DeltaNet's kernel 4); 0 = none
-    gate_init: float = -3.0       # gate logit: alpha = 0.047 gives the memory a share from the
-                                  # first step; -16 starts exactly as the windowed base, but its
-                                  # gradients (~1e-7) sit near Adam's eps
+    gate_init: float = 0.0        # gate logit: alpha = 0.5, the memory has half of each head
+                                  # from the start (at -3 Adam moved it by < 0.1 in a whole run)
+    gate_lr: float = 2e-2         # fednl: lr of the gate logits and beta biases (own group):
+                                  # Adam moves a parameter by about lr per step
     prox_mu: float = 0.01         # FedProx
     ala_layers: int = 1           # FedALA: top decoder layers that get element-wise weights
     ala_steps: int = 4            # FedALA: batches to learn the weights on
@@ -161,6 +163,32 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
             else global_theta[n] for n in global_theta}
 
 
+def is_gate_parameter(name: str) -> bool:
+    """The memory's mixing gate logits and beta biases: scalars per head that Adam, moving
+    each parameter by about ``lr`` per step, would barely move at the LoRA learning rate."""
+    return name.endswith("gate_logit") or name.endswith("beta_proj.bias")
+
+
+def param_groups(params: dict[str, nn.Parameter], cfg: MethodConfig) -> list[dict]:
+    gates = [p for n, p in params.items() if is_gate_parameter(n)]
+    rest = [p for n, p in params.items() if not is_gate_parameter(n)]
+    return [{"params": rest}] + ([{"params": gates, "lr": cfg.gate_lr}] if gates else [])
+
+
+def gate_check(cfg: MethodConfig, rounds: int) -> str | None:
+    """A warning when the training budget cannot move the gate logits by 1 (Adam moves a
+    parameter by at most about lr per step), else None."""
+    if cfg.name != "fednl":
+        return None
+    reach = cfg.gate_lr * cfg.local_steps * rounds
+    if reach < 1.0:
+        return (f"the gate can move by at most ~{reach:.2f} in logit over {rounds} rounds x "
+                f"{cfg.local_steps} steps at gate_lr={cfg.gate_lr}: alpha will stay near "
+                f"sigmoid({cfg.gate_init})={1 / (1 + math.exp(-cfg.gate_init)):.3f}; raise "
+                "method.gate_lr or the steps")
+    return None
+
+
 def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: MethodConfig,
                  seed: int) -> tuple[dict, dict]:
     """One round of local training from ``global_theta``; returns (local theta, metrics).
@@ -176,7 +204,7 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
     set_theta(model, start)
     params = trainable(model)
     lr = cfg.full_lr if cfg.name == "fedavg-full" else cfg.lr
-    opt = torch.optim.AdamW(params.values(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(param_groups(params, cfg), lr=lr, weight_decay=0.0)
 
     anchor, omega_acc, importance = None, {}, {}
     if cfg.name == "fedssi":
@@ -222,4 +250,5 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
         for n, v in theta.items():
             state[f"local.{n}"] = v
     return theta, {"train_loss": sum(losses) / max(1, len(losses)),
+                   "train_loss_first": losses[0] if losses else float("nan"),
                    "train_loss_last": losses[-1] if losses else float("nan")}

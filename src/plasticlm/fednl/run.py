@@ -6,11 +6,12 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import check_method, set_theta
+from plasticlm.fednl.methods import check_method, gate_check, set_theta
 from plasticlm.runs import THREADS_ENV
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
@@ -53,6 +54,9 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
 
+    warning = gate_check(cfg.method, cfg.rounds)
+    if warning:
+        print(f"plasticlm: warning: {warning}", file=sys.stderr)
     n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
     initial = initial_theta(cfg)
     _quiet_flower()

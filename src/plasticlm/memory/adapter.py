@@ -85,7 +85,20 @@ def attach_memory(
             p.requires_grad_(True)
         layer.self_attn = wrapped
     model.memory_config = config
+    model._memory_mask_hook = model.register_forward_pre_hook(_share_padding_mask,
+                                                              with_kwargs=True)
     return model
+
+
+def _share_padding_mask(model: nn.Module, args: tuple, kwargs: dict):
+    """Hand the forward's 2D padding mask ([B, T], 1 = token) to every memory layer: the
+    attention modules only receive the 4D mask, from which padding cannot be read reliably."""
+    mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+    real = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    if real is not None and bool(real.all()):
+        real = None
+    for layer in model.get_decoder().layers:
+        layer.self_attn.token_mask = real
 
 
 def detach_memory(model: nn.Module) -> nn.Module:
@@ -94,7 +107,8 @@ def detach_memory(model: nn.Module) -> nn.Module:
         raise PlasticError("this model has no memory attached")
     for layer in model.get_decoder().layers:
         layer.self_attn = layer.self_attn.base
-    del model.memory_config
+    model._memory_mask_hook.remove()
+    del model.memory_config, model._memory_mask_hook
     return model
 
 

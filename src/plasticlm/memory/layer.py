@@ -123,6 +123,9 @@ class MemoryAttention(nn.Module):
         self.head_dim = base.head_dim
         self.with_memory = with_memory
         self.stream_state: LayerStreamState | None = None
+        # [B, T] bool, True at real tokens: set for each forward from the model's 2D padding
+        # mask (see adapter.attach_memory); padding must not write the memory.
+        self.token_mask: torch.Tensor | None = None
         # RoPE exactly as the wrapped architecture applies it
         self._rope = sys.modules[type(base).__module__].apply_rotary_pos_emb
         if not with_memory:
@@ -180,10 +183,15 @@ class MemoryAttention(nn.Module):
         q_m = q_lin + self.lora_q(x)
         k_m = k_lin + self.lora_k(x)
         v_m = v_lin + self.lora_v(x)
+        real = self.token_mask
+        if real is not None and tuple(real.shape) != tuple(x.shape[:2]):
+            real = None
         if self.conv is not None:
             split = [q_m.shape[-1], k_m.shape[-1], v_m.shape[-1]]
-            mixed, conv_past = self.conv(torch.cat([q_m, k_m, v_m], dim=-1),
-                                         state.conv if state is not None else None)
+            mixed = torch.cat([q_m, k_m, v_m], dim=-1)
+            if real is not None:  # padding enters the convolution as the zeros of no token
+                mixed = mixed * real[..., None].to(mixed.dtype)
+            mixed, conv_past = self.conv(mixed, state.conv if state is not None else None)
             if state is not None:
                 state.conv = conv_past
             q_m, k_m, v_m = mixed.split(split, dim=-1)
@@ -197,6 +205,8 @@ class MemoryAttention(nn.Module):
         q_m = F.normalize(q_m.float(), dim=-1, eps=1e-6)
         k_m = F.normalize(k_m.float(), dim=-1, eps=1e-6)
         beta = torch.sigmoid(self.beta_proj(x.to(self.beta_proj.weight.dtype)).float()).transpose(1, 2)
+        if real is not None:  # beta = 0: a padding position leaves the state unchanged
+            beta = beta * real[:, None, :].to(beta.dtype)
         initial = state.memory if state is not None else None
         out, final = delta_rule(q_m, k_m, v_m.float(), beta, initial_state=initial, chunk_size=self.chunk_size)
         if state is not None:
