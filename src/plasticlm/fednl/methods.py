@@ -48,6 +48,9 @@ class MethodConfig:
     memory_conv: int = 4          # short causal convolution (DeltaNet's kernel 4); 0 = none
     gate_init: float = 0.0        # gate logit: alpha = 0.5, the memory has half of each head
                                   # from the start (at -3 Adam moved it by < 0.1 in a whole run)
+    memory_mix: str = "convex"    # fednl: "convex" or "additive" (MemoryConfig.mix)
+    memory_norm: bool = False     # fednl: RMS-normalise each head's memory read
+    memory_recurrent: bool = True # fednl: False removes the recurrence (a control)
     gate_lr: float = 2e-2         # fednl: lr of the gate logits and beta biases (own group):
                                   # Adam moves a parameter by about lr per step
     prox_mu: float = 0.01         # FedProx
@@ -76,7 +79,8 @@ def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
             layers = [int(x) for x in str(layers).split(",") if x.strip()]
         return attach_memory(model, layers=layers, window=cfg.memory_window, rank=cfg.lora_rank,
                              lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
-                             gate_init=cfg.gate_init)
+                             gate_init=cfg.gate_init, mix=cfg.memory_mix,
+                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent)
     if cfg.name == "fedavg-full":
         for p in model.parameters():
             p.requires_grad_(True)

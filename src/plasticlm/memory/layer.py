@@ -9,6 +9,9 @@ beta = sigmoid(linear(x)) per head. Per head h the outputs mix as
 
     out_h = attn_h + alpha_h * (mem_h - attn_h),    alpha_h = sigmoid(gate_logit_h)
 
+(``mix="convex"``; ``mix="additive"`` gives attn_h + alpha_h * mem_h, and ``memory_norm``
+RMS-normalises mem_h per head first)
+
 and then go through the frozen output projection. gate_logit starts at ``gate_init``
 (default -16, alpha = 1.1e-7), so a freshly attached model is the windowed base model up to
 ~1e-7 relative, yet alpha stays strictly inside (0, 1) and Adam can move it.
@@ -40,6 +43,19 @@ class MemoryConfig:
     conv_size: int = 0            # short causal depthwise convolution on q/k/v; 0 = none
     gate_init: float = -16.0      # initial gate logit; alpha = sigmoid(gate_init)
     chunk_size: int = 64          # delta-rule chunk for sequences longer than it
+    # False removes the recurrence (a control): each token writes into an empty state and
+    # reads it back, o_t = beta_t (k_t . q_t) v_t, so nothing is remembered across tokens.
+    recurrent: bool = True
+    # How the memory joins the attention, per head: "convex" attn + alpha (mem - attn), or
+    # "additive" attn + alpha * mem (the attention is never scaled down).
+    mix: str = "convex"
+    # RMS-normalise each head's memory read (learned per-channel scale, part of theta), so
+    # its size does not depend on how much the state has accumulated.
+    memory_norm: bool = False
+
+    def __post_init__(self):
+        if self.mix not in ("convex", "additive"):
+            raise PlasticError(f"mix must be 'convex' or 'additive', not {self.mix!r}")
     model_type: str = ""          # architecture it was attached to (checked on load)
 
 
@@ -118,6 +134,7 @@ class MemoryAttention(nn.Module):
         self.layer_idx = base.layer_idx
         self.window = config.window
         self.chunk_size = config.chunk_size
+        self.recurrent = config.recurrent
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = base.head_dim
@@ -140,6 +157,8 @@ class MemoryAttention(nn.Module):
         nn.init.zeros_(self.beta_proj.bias)
         self.gate_logit = nn.Parameter(torch.full((h,), float(config.gate_init)))
         self.conv = ShortConv((h + 2 * kv) * d, config.conv_size) if config.conv_size > 0 else None
+        self.mix = config.mix
+        self.memory_norm = nn.RMSNorm(d, eps=1e-6) if config.memory_norm else None
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -207,6 +226,9 @@ class MemoryAttention(nn.Module):
         beta = torch.sigmoid(self.beta_proj(x.to(self.beta_proj.weight.dtype)).float()).transpose(1, 2)
         if real is not None:  # beta = 0: a padding position leaves the state unchanged
             beta = beta * real[:, None, :].to(beta.dtype)
+        if not self.recurrent:
+            out = beta[..., None] * (q_m * k_m).sum(-1, keepdim=True) * v_m.float()
+            return out.to(x.dtype)
         initial = state.memory if state is not None else None
         out, final = delta_rule(q_m, k_m, v_m.float(), beta, initial_state=initial, chunk_size=self.chunk_size)
         if state is not None:
@@ -238,7 +260,9 @@ class MemoryAttention(nn.Module):
         out = self._softmax_branch(q, k, v, attention_mask)
         if self.with_memory:
             mem = self._memory_branch(hidden_states, q_lin, k_lin, v_lin)
+            if self.memory_norm is not None:
+                mem = self.memory_norm(mem.float()).to(out.dtype)
             alpha = self.alpha.to(out.dtype)[None, :, None, None]
-            out = out + alpha * (mem - out)
+            out = out + alpha * (mem - out if self.mix == "convex" else mem)
         out = out.transpose(1, 2).reshape(b, t, -1)
         return base.o_proj(out), None

@@ -75,6 +75,7 @@ class MQARConfig:
     test_examples: int = 512
     seed: int = 0
     threads: int = 1
+    recurrent: bool = True      # False: the memory with its recurrence removed (a control)
 
     def test_settings(self) -> list[tuple[int, int]]:
         """(seq_len, num_kv) evaluated after training: as trained, twice the pairs, 4x longer."""
@@ -90,7 +91,8 @@ def build_mqar_model(config: MQARConfig, with_memory: bool):
     model = build_tiny("llama", seed=config.seed, vocab_size=config.vocab, hidden_size=config.hidden,
                        num_layers=2, num_heads=config.heads, max_position_embeddings=4096)
     attach_memory(model, layers="all" if with_memory else [], window=config.window, rank=config.rank,
-                  conv_size=config.conv, gate_init=0.0, chunk_size=64)
+                  conv_size=config.conv, gate_init=0.0, chunk_size=64,
+                  recurrent=config.recurrent)
     for p in model.parameters():
         p.requires_grad_(True)
     return model.train()
