@@ -36,6 +36,9 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
         assert {"local_acc", "fed_acc", "drop", "train_loss", "domain"} <= set(
             next(iter(r["clients"].values())))
         assert r["bytes_up"] > 0 and r["bytes_down"] == 2 * r["bytes_up"]
+        # the aggregated gate of every memory layer, per head, logged each round
+        assert r["alpha"] and all(0 < a < 1 for v in r["alpha"].values() for a in v)
+    assert records[-1]["alpha"] != records[0]["alpha"]  # the gate moves across rounds
     summary = json.loads((reference_run / "summary.json").read_text())
     theta_bytes = summary["theta_bytes"]
     assert records[0]["bytes_up"] >= 5 * theta_bytes  # five clients each sent theta

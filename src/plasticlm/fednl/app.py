@@ -186,6 +186,12 @@ class ThetaAverage(FedAvg):
                 "train_loss": float(m.content["metrics"]["train_loss"]),
             } for m in ok}
         self.aggregate = theta
+        # FedNL: the memory's share of each head after aggregation, so a gate that never
+        # opens shows in metrics.jsonl
+        gates = {k: [round(a, 4) for a in torch.sigmoid(v).tolist()]
+                 for k, v in theta.items() if k.endswith("gate_logit")}
+        if gates:
+            self.record["alpha"] = gates
         arrays = _pack(theta, "float32")
         return arrays, MetricRecord({"clients": len(ok)})
 

@@ -50,7 +50,7 @@ def evaluate_world_mc(model, tokenizer, world_dir: Path, role: str = "core",
             for g, v in sorted(groups.items())}
 
 
-def _same_format(value: str, rng: random.Random) -> str:
+def same_format_decoy(value: str, rng: random.Random) -> str:
     """A random string shaped like ``value``: digits stay digits, hex letters hex letters."""
     out = []
     for ch in value:
@@ -73,7 +73,7 @@ def niah_choice(model, tokenizer, samples, num_choices: int = 4, seed: int = 0) 
         true = s.answers[0]
         options = [true]
         while len(options) < num_choices:
-            fake = _same_format(true, rng)
+            fake = same_format_decoy(true, rng)
             if fake not in options:
                 options.append(fake)
         for o in options:
