@@ -28,7 +28,7 @@ def main() -> None:
     from plasticlm.data.niah import haystack_sentences
     from plasticlm.data.world import generate_world, write_world
     from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm
-    from plasticlm.sandbox import PRESETS, evaluate_niah, evaluate_world_mc, train_niah_drills
+    from plasticlm.sandbox import PRESETS, evaluate_niah, evaluate_world_mc, train_drills
     from plasticlm.sandbox.pretrain import build_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -55,9 +55,9 @@ def main() -> None:
     probes = (("single", 128), ("single", 224), ("multikey", 224))
 
     def drills(replay: bool):
-        return lambda m: train_niah_drills(m, tok, drill_hay, args.steps, p.drill_lengths,
-                                           p.drill_batch_size, p.drill_lr, seed=spec.seed,
-                                           replay=replay)
+        return lambda m: train_drills(m, tok, drill_hay, args.steps, p.drill_lengths,
+                                      p.drill_batch_size, p.drill_lr, seed=spec.seed,
+                                      replay=replay)
 
     variants = {"no drills": None, "drills, answer loss only": drills(False),
                 "drills, answer + haystack loss (preset)": drills(True)}

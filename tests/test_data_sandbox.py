@@ -20,8 +20,9 @@ from plasticlm.sandbox import (
     preset_dir,
     pretrain_preset,
     pretrain_text,
+    reading_drill_batch,
     sandbox_model,
-    train_niah_drills,
+    train_drills,
 )
 
 TINY_TEXT = TextPretrainConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2,
@@ -53,6 +54,8 @@ def test_quick_preset_writes_loadable_family(quick):
         assert {"valid_loss", "unigram_loss", "train_seconds", "train_cpu_seconds"} <= set(entry)
     assert archs == {"qwen3", "llama"} and len(vocabs) == 2
     assert "single/160" in report["models"]["receiver"]["niah"]
+    openbook = report["models"]["receiver"]["openbook"]
+    assert openbook["all"]["n"] == 8 and openbook["all"]["low"] <= openbook["all"]["high"]
     before = report["models"]["receiver"]["before_drills"]
     assert "single/160" in before["niah"] and before["mc_core_heldout"]["n"] > 0
     assert json.loads((out / "report.json").read_text())["preset"] == "quick"
@@ -107,10 +110,36 @@ def test_niah_drill_batch_labels_only_the_answer(quick):
     assert not (other.shape == ids.shape and bool((other == ids).all()))
 
 
-def test_niah_drills_lower_the_drill_loss(quick):
+def test_reading_drills_ask_about_a_fresh_entity_of_their_own_passage(quick):
+    """The answer is the value the drill's passage states (before the filler), for an entity
+    no world entity is called, and it changes with the seed: only reading can answer."""
+    from plasticlm.data.world import generate_world
+    from plasticlm.models import load_causal_lm
+
+    out, _ = quick
+    _, tok = load_causal_lm(out / "receiver")
+    world = generate_world(PRESETS["quick"].world)
+    names = {e.name for e in world.entities}
+    ids, labels = reading_drill_batch(world, tok, 6, (5, 10), seed=3)
+    answers = set()
+    for row_ids, row_labels in zip(ids, labels):
+        text = tok.decode(row_ids[row_labels == -100][1:], skip_special_tokens=True)
+        answer = tok.decode(row_ids[row_labels != -100]).strip()
+        passage, question = text.split("\n")[0], text.split("\n")[-1]
+        assert answer and answer in passage
+        assert question.startswith("Q: ") and question.rstrip().endswith("A:")
+        assert not any(n in question for n in names)
+        answers.add(answer)
+    assert len(answers) > 1
+    other, _ = reading_drill_batch(world, tok, 6, (5, 10), seed=4)
+    assert not (other.shape == ids.shape and bool((other == ids).all()))
+
+
+def test_drills_lower_the_drill_loss(quick):
     """Drills train: the loss of the last steps is below that of the first."""
     from plasticlm.data.corpus import load_text_corpus
     from plasticlm.data.niah import haystack_sentences
+    from plasticlm.data.world import generate_world
     from plasticlm.models import build_tiny, load_causal_lm
 
     out, _ = quick
@@ -118,8 +147,10 @@ def test_niah_drills_lower_the_drill_loss(quick):
     hay = haystack_sentences(load_text_corpus(out / "world" / "corpus" / "train.txt"))
     model = build_tiny("qwen3", vocab_size=len(tok), hidden_size=32, num_layers=1,
                        num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
-    losses = train_niah_drills(model, tok, hay, 30, lengths=(48,), batch_size=4, lr=3e-3,
-                               progress=False)
+    world = generate_world(PRESETS["quick"].world)
+    losses = train_drills(model, tok, hay, 30, lengths=(48,), batch_size=4, lr=3e-3,
+                          world=world, reading_share=0.5, reading_filler=(0, 5),
+                          progress=False)
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
 
@@ -137,6 +168,23 @@ def test_ensure_reuses_trained_models(quick, monkeypatch):
         sandbox_model("nope", "quick")
     with pytest.raises(PlasticError, match="unknown pretrain preset"):
         ensure_sandbox_models("huge")
+
+
+def test_ensure_retrains_a_model_trained_under_another_preset_definition(quick):
+    """A cached model whose key no longer matches the preset (an older world or spec) is
+    trained again, and only it: the others are loaded as they are."""
+    out, _ = quick
+    root = preset_dir("quick")
+    shutil.copytree(out, root, dirs_exist_ok=True)
+    info_path = root / "specialist" / "pretrain_info.json"
+    info = json.loads(info_path.read_text())
+    info_path.write_text(json.dumps({**info, "key": "an older preset"}))
+    receiver = os.path.getmtime(root / "receiver" / "config.json")
+    specialist = os.path.getmtime(root / "specialist" / "config.json")
+    ensure_sandbox_models("quick", progress=False)
+    assert json.loads(info_path.read_text())["key"] == info["key"]
+    assert os.path.getmtime(root / "specialist" / "config.json") > specialist
+    assert os.path.getmtime(root / "receiver" / "config.json") == receiver
 
 
 def test_pretrain_text(tmp_path):

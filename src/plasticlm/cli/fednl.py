@@ -29,6 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated methods")
     q.set_defaults(func=_compare)
 
+    q = fsub.add_parser("experiment", help="the paper's experiments with controls, over seeds",
+                        description="Run one of the FedNL paper's experiments on Flower over "
+                        "seeds, with its controls (windowed and full-attention FedAvg, the "
+                        "memory with its recurrence removed, the untrained model), and write "
+                        "results.json, table.md and a plot under runs/fednl-experiments/NAME. "
+                        "A re-run continues from the finished (variant, seed) pairs.")
+    q.add_argument("name", choices=(*EXPERIMENT_NAMES, "all"),
+                   help="mmlu | niah | openbook | stream | memory | comm | all")
+    q.add_argument("--config", help="TOML/YAML/JSON file of ExperimentConfig fields")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set seeds=5 --set window=32")
+    q.add_argument("--quick", action="store_true",
+                   help="tiny sandbox models, one seed, one short round (smoke test)")
+    q.set_defaults(func=_experiment)
+
 
 def _config_args(q: argparse.ArgumentParser) -> None:
     q.add_argument("--config", help="TOML/YAML/JSON file of FedNLConfig fields")
@@ -38,6 +53,10 @@ def _config_args(q: argparse.ArgumentParser) -> None:
                    help="tiny sandbox models and 2 short rounds (smoke test)")
 
 
+EXPERIMENT_NAMES = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
+QUICK_EXPERIMENT = ["model=sandbox-quick:receiver", "data=sandbox-quick", "seeds=1", "rounds=1",
+                    "window=8", "local_steps=1", "batch_size=2", "max_train=4", "max_test=4",
+                    "niah_length=400", "memory_tokens=[512,1024]", "bucket_tokens=64"]
 QUICK = ["model=sandbox-quick:receiver", "data=sandbox-quick", "rounds=2", "max_train=16",
          "max_test=8", "method.local_steps=2", "method.batch_size=4", "method.ala_steps=1"]
 
@@ -83,4 +102,19 @@ def _compare(args) -> int:
     out = Path(base.out) / f"{base.name}-comparison.md"
     out.write_text(table + "\n")
     print(f"table: {out}")
+    return 0
+
+
+def _experiment(args) -> int:
+    from plasticlm.config import load_config
+    from plasticlm.fednl.experiment import ExperimentConfig, run_experiment
+
+    names = EXPERIMENT_NAMES if args.name == "all" else (args.name,)
+    for name in names:
+        cfg = load_config(ExperimentConfig, args.config,
+                          (QUICK_EXPERIMENT if args.quick else []) + args.set
+                          + [f"experiment={name}"])
+        print(f"== fednl experiment {name} ==", flush=True)
+        print(run_experiment(cfg)["table"], flush=True)
+        print(f"results: {cfg.out}/{name}/", flush=True)
     return 0

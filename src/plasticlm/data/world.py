@@ -60,12 +60,13 @@ class WorldConfig:
     unseen_per_domain: int = 40      # entities only in SQuAD / LongBench / streams / open-book
     specialist_entities: int = 400   # entities only the specialist corpus mentions
     specialist_domain: str = "pharmacology"
-    specialist_mentions: int = 3     # biographies per specialist entity
+    specialist_mentions: int = 2     # biographies per specialist entity
     max_mentions: int = 20           # biographies of the rank-1 entity of each domain
     min_mentions: int = 4            # biographies of the rarest entities
     zipf_exponent: float = 1.0       # mentions(rank) = max(min, round(max * rank**-s))
     qa_copies: int = 2               # copies of the Q/A block of each Q/A core entity
-    specialist_qa_copies: int = 4    # copies of the Q/A block of each specialist entity
+    specialist_qa_copies: int = 8    # copies of the Q/A block of each specialist entity:
+                                     # 4 copies + 3 biographies left it at 46-48% per split
     drills: int = 100                # retrieval drills (NIAH-style) in the corpus
     drill_words: tuple[int, int] = (36, 80)
     longbench_per_length: int = 4

@@ -75,14 +75,15 @@ def _choices(world: World, domain: str, attribute: str, right: str,
     return tuple(choices), choices.index(right)
 
 
-def _filler(words: int, rng: random.Random) -> str:
+def filler_text(words: int, rng: random.Random) -> str:
+    """At least ``words`` words of neutral filler sentences (none if ``words`` <= 0)."""
     out: list[str] = []
     while sum(len(s.split()) for s in out) < words:
         out += filler_sentences(8, seed=rng.randrange(1 << 30))
     return " ".join(out)
 
 
-def openbook_items(world: World, filler_words: tuple[int, int] = (80, 160),
+def openbook_items(world: World, filler_words: tuple[int, int] = (40, 80),
                    domains: Sequence[str] | None = None, seed: int = 0) -> list[OpenBookItem]:
     """One item per (unseen entity, attribute) of ``domains`` (default all), with
     ``filler_words`` (a range) of neutral filler between the passage and the question."""
@@ -98,7 +99,7 @@ def openbook_items(world: World, filler_words: tuple[int, int] = (80, 160),
             n = rng.randint(*filler_words)
             choices, answer = _choices(world, e.domain, a.name, e.attributes[a.name], rng)
             items.append(OpenBookItem(f"{e.id}.{a.name}", e.domain, e.name, a.name, a.closed,
-                                      passage + "\n" + _filler(n, rng),
+                                      passage + "\n" + filler_text(n, rng),
                                       a.question.format(e=e.name), choices, answer, n))
     return items
 

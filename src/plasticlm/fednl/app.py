@@ -90,12 +90,13 @@ def client_train(msg: Message, context: Context) -> Message:
     t0 = time.time()
     theta, metrics = local_update(model, tokenizer, task, _unpack(msg.content["arrays"]), state,
                                   cfg.method, seed=cfg.seed * 100_003 + rnd * 101 + pid)
-    local_acc = task.accuracy(model, tokenizer)
+    if cfg.local_eval == "every" or rnd == cfg.rounds:
+        metrics["local-acc"] = task.accuracy(model, tokenizer)
     if state:
         context.state["personal"] = ArrayRecord(state)
         save_client_state(state_dir, rnd, state)
     metrics.update({"num-examples": len(task.train), "partition-id": pid,
-                    "local-acc": local_acc, "train-seconds": time.time() - t0})
+                    "train-seconds": time.time() - t0})
     return _reply(msg, _pack(theta, cfg.transfer_dtype), metrics, task)
 
 
@@ -182,8 +183,9 @@ class ThetaAverage(FedAvg):
         self.record["clients"] = {
             str(m.content["client"]["name"]): {
                 "domain": str(m.content["client"]["domain"]),
-                "local_acc": float(m.content["metrics"]["local-acc"]),
                 "train_loss": float(m.content["metrics"]["train_loss"]),
+                **({"local_acc": float(m.content["metrics"]["local-acc"])}
+                   if "local-acc" in m.content["metrics"] else {}),
             } for m in ok}
         self.aggregate = theta
         # FedNL: the memory's share of each head after aggregation, so a gate that never

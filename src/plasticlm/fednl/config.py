@@ -17,7 +17,8 @@ class FedNLConfig:
     name: str = "fednl-sandbox"
     model: str = "sandbox:receiver"   # "<preset>:<model>" (sandbox, quick) or an HF folder / hub id
     data: str = "sandbox"             # "sandbox" (the world) or a world / MMLU folder
-    split: str = "domain"             # domain (5 clients) | dirichlet | niah (7 clients)
+    split: str = "domain"             # domain (5 clients) | dirichlet | niah (7 clients) |
+                                      # openbook (5 clients, sandbox worlds only)
     num_clients: int = 5              # dirichlet only; domain always has 5
     alpha: float = 0.5                # Dirichlet concentration
     max_train: int = 96               # training questions per client (cap)
@@ -27,6 +28,8 @@ class FedNLConfig:
     seed: int = 0
     min_clients: int = 2              # fewer valid replies than this fails the round
     round_timeout: float = 900.0      # seconds to wait for replies
+    local_eval: str = "every"         # every | last: rounds whose clients also score their
+                                      # local model (the aggregation drop); "last" saves time
     transfer_dtype: str = "float32"   # float32 | float16: what theta travels as
     client_state_dir: str = ""        # where clients keep personal state (default: run/clients)
     out: str = "runs"

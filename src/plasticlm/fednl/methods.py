@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plasticlm.errors import PlasticError
+from plasticlm.memory import attach_memory
 
 METHODS = ("fednl", "fedavg", "fedprox", "fedala", "fedssi", "fedavg-full")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
@@ -43,7 +44,9 @@ class MethodConfig:
     batch_size: int = 8
     lora_rank: int = 8
     lora_alpha: float = 16.0
-    memory_window: int = 64
+    window: int = 64              # attention window in tokens, every method (0 = full
+                                  # attention, baselines only): equal O(1) state by default;
+                                  # fednl's memory keeps what falls out of the window
     memory_layers: str = "all"    # "all" or comma-separated layer indices
     memory_conv: int = 4          # short causal convolution (DeltaNet's kernel 4); 0 = none
     gate_init: float = 0.0        # gate logit: alpha = 0.5, the memory has half of each head
@@ -72,15 +75,18 @@ def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
     attached in place or wrapped); returns the model to train."""
     check_method(cfg.name)
     if cfg.name == "fednl":
-        from plasticlm.memory import attach_memory
-
         layers = cfg.memory_layers
         if layers != "all":
             layers = [int(x) for x in str(layers).split(",") if x.strip()]
-        return attach_memory(model, layers=layers, window=cfg.memory_window, rank=cfg.lora_rank,
+        if cfg.window <= 0:
+            raise PlasticError("fednl needs an attention window (method.window > 0): the "
+                               "memory holds what falls out of it")
+        return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
                              lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
                              gate_init=cfg.gate_init, mix=cfg.memory_mix,
                              memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent)
+    if cfg.window > 0:  # the same windowed attention as fednl, without a memory
+        model = attach_memory(model, layers=[], window=cfg.window)
     if cfg.name == "fedavg-full":
         for p in model.parameters():
             p.requires_grad_(True)

@@ -40,6 +40,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     from plasticlm.fednl.setup import initial_theta, tasks_for
 
     check_method(cfg.method.name)
+    if cfg.local_eval not in ("every", "last"):
+        raise PlasticError(f"local_eval must be 'every' or 'last', not {cfg.local_eval!r}")
     run_dir = Path(cfg.out) / cfg.name
     if run_dir.exists() and not resume:
         if (run_dir / "checkpoint.json").exists():

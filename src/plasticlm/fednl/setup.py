@@ -8,7 +8,7 @@ import torch
 
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import get_theta, prepare_model
-from plasticlm.fednl.task import ClientTask, client_tasks
+from plasticlm.fednl.task import ClientTask, client_tasks, openbook_tasks
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 
 
@@ -23,6 +23,9 @@ def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
         return tuple(niah_tasks(resolve_data_spec(cfg.data), tokenizer, cfg.niah_length,
                                 cfg.max_train, cfg.max_test, cfg.seed))
+    if cfg.split == "openbook":
+        return tuple(openbook_tasks(resolve_data_spec(cfg.data), cfg.max_train, cfg.max_test,
+                                    cfg.seed))
     return tuple(client_tasks(resolve_data_spec(cfg.data), cfg.split, cfg.num_clients, cfg.alpha,
                               cfg.max_train, cfg.max_test, cfg.seed))
 

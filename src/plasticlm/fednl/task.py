@@ -8,7 +8,12 @@ Two kinds of client:
   :data:`plasticlm.data.partition.MMLU_CLIENT_DOMAIN`; a Dirichlet split over the same pool
   gives any number of clients.
 - retrieval (:class:`NIAHTask`): one NIAH task type per client (seven clients); trains on
-  (haystack prompt, needle answer) pairs, evaluated by greedy decoding and exact scoring.
+  (haystack prompt, needle answer) pairs; evaluated by 4-way choice (the needle's first
+  answer against three strings of the same format, chance 25%), exact greedy match
+  secondary (:meth:`NIAHTask.exact_match`).
+- open-book (:class:`OpenBookTask`): one client per world domain; an unseen entity's
+  passage, filler, then a question beyond a short window; trains on half of the domain's
+  unseen entities and is evaluated on the other half (held-out entities), by 4-way choice.
 """
 
 from __future__ import annotations
@@ -22,16 +27,20 @@ import torch
 
 from plasticlm.data import partition
 from plasticlm.data.mmlu import load_mmlu
+from plasticlm.data.niah import score
 from plasticlm.data.records import MCQuestion
+from plasticlm.data.world_tasks import load_openbook
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     QA_TEMPLATE,
     MCConfig,
+    closed_set_accuracy,
     encode_pair,
     evaluate_mc_items,
     qa_continuation,
     qa_prompt,
 )
+from plasticlm.sandbox.probes import niah_choice
 
 
 @dataclass
@@ -63,11 +72,20 @@ class ClientTask:
                 labels[i, len(c) : len(seq)] = torch.tensor(a)
             yield ids, labels
 
-    def accuracy(self, model, tokenizer, batch_size: int = 32) -> float:
-        """Multiple-choice accuracy on the held-out questions (continuation scoring)."""
+    def correct(self, model, tokenizer, batch_size: int = 32) -> list[float]:
+        """1.0 / 0.0 per held-out question (multiple choice, continuation scoring)."""
         cfg = MCConfig(method="continuation", batch_size=batch_size,
                        continuation_template=QA_TEMPLATE)
-        return evaluate_mc_items(model, tokenizer, self.test, cfg).accuracy
+        return [float(x) for x in evaluate_mc_items(model, tokenizer, self.test, cfg).correct]
+
+    def groups(self) -> list[str]:
+        """A label per held-out item: items sharing one are resampled together."""
+        return [f"{q.subject}/{q.split}/{q.index}" for q in self.test]
+
+    def accuracy(self, model, tokenizer) -> float:
+        """Mean of :meth:`correct`."""
+        scores = self.correct(model, tokenizer)
+        return sum(scores) / len(scores)
 
 
 @dataclass
@@ -79,10 +97,15 @@ class NIAHTask(ClientTask):
     def pairs(self) -> list[tuple[str, str]]:
         return [(s.prompt, s.target) for s in self.train]
 
-    def accuracy(self, model, tokenizer, batch_size: int = 8) -> float:
-        """Mean exact score (:func:`plasticlm.data.niah.score`) of greedy answers."""
-        from plasticlm.data.niah import score
+    def correct(self, model, tokenizer) -> list[float]:
+        """Per held-out sample, 4-way choice of the needle (chance 0.25)."""
+        return niah_choice(model, tokenizer, self.test, seed=1)
 
+    def groups(self) -> list[str]:
+        return [s.id for s in self.test]
+
+    def exact_match(self, model, tokenizer) -> float:
+        """Mean exact score (:func:`plasticlm.data.niah.score`) of greedy answers."""
         total = 0.0
         for sample in self.test:
             total += score(sample, greedy_answer(model, tokenizer, sample.prompt,
@@ -129,6 +152,48 @@ def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_clien
     return tasks
 
 
+@dataclass
+class OpenBookTask(ClientTask):
+    """An open-book client: ``train``/``test`` hold
+    :class:`~plasticlm.data.world_tasks.OpenBookItem` about disjoint entities."""
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return [(it.prompt, qa_continuation(it.choices[it.answer])) for it in self.train]
+
+    def correct(self, model, tokenizer, batch_size: int = 16) -> list[float]:
+        """Per held-out item, 4-way choice by log-likelihood (chance 0.25)."""
+        return list(closed_set_accuracy(model, tokenizer, [it.prompt for it in self.test],
+                                        [list(it.choices) for it in self.test],
+                                        [it.answer for it in self.test], batch_size).correct)
+
+    def groups(self) -> list[str]:
+        """The entity of each item: an entity's attributes are resampled together."""
+        return [it.entity for it in self.test]
+
+
+def openbook_tasks(world_dir: str | Path, max_train: int | None = None,
+                   max_test: int | None = None, seed: int = 0) -> list[OpenBookTask]:
+    """Five clients, one per world domain (non-IID: their own entity kinds, attributes and
+    statement templates), from the world's ``openbook/items.jsonl``; the entities of each
+    domain alternate between training and test, so every test item is about an entity the
+    client never trained on."""
+    path = Path(world_dir) / "openbook" / "items.jsonl"
+    if not path.exists():
+        raise PlasticError(f"{path} is missing: open-book clients need a sandbox world with its "
+                           "tasks (plasticlm models pretrain --preset sandbox writes it)")
+    mapping = world_domains(world_dir)
+    tasks = []
+    for domain in sorted(mapping):
+        items = [it for it in load_openbook(path) if it.domain == domain]
+        entities = sorted({it.entity for it in items})
+        held_out = set(entities[1::2])
+        train = [it for it in items if it.entity not in held_out]
+        test = [it for it in items if it.entity in held_out]
+        tasks.append(OpenBookTask(domain, mapping[domain], _cap(train, max_train, seed),
+                                  _cap(test, max_test, seed + 1)))
+    return tasks
+
+
 def _cap(items: list, n: int | None, seed: int) -> list:
     if n is None or len(items) <= n:
         return items
@@ -169,6 +234,8 @@ def client_tasks(source: str | Path, split: str = "domain", num_clients: int = 5
     """
     if split == "niah":
         raise PlasticError("NIAH clients need the tokenizer: use niah_tasks(source, tokenizer)")
+    if split == "openbook":
+        return openbook_tasks(source, max_train, max_test, seed)
     train, test, mapping = load_pool(source)
     if split == "domain":
         tr = partition.partition_by_domain([q.subject for q in train], mapping)
@@ -184,7 +251,8 @@ def client_tasks(source: str | Path, split: str = "domain", num_clients: int = 5
         domains = [max(set(labels_tr[i] for i in part), key=[labels_tr[i] for i in part].count)
                    for part in tr]
     else:
-        raise PlasticError(f"unknown split {split!r}; use 'domain', 'dirichlet' or 'niah'")
+        raise PlasticError(f"unknown split {split!r}; use 'domain', 'dirichlet', 'niah' or "
+                           "'openbook'")
     tasks = []
     for c, name in enumerate(names):
         if not tr[c] or not te[c]:

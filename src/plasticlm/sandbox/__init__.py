@@ -3,7 +3,7 @@
 Sits above ``data``, ``models`` and ``eval`` (it uses all three) and below the methods.
 """
 
-from plasticlm.sandbox.drills import niah_drill_batch, train_niah_drills
+from plasticlm.sandbox.drills import niah_drill_batch, reading_drill_batch, train_drills
 from plasticlm.sandbox.presets import (
     PRESETS,
     SANDBOX_VERSION,
@@ -19,14 +19,20 @@ from plasticlm.sandbox.pretrain import (
     sandbox_model,
     sandbox_world,
 )
-from plasticlm.sandbox.probes import evaluate_niah, evaluate_world_mc, niah_choice, probe_table
+from plasticlm.sandbox.probes import (
+    evaluate_niah,
+    evaluate_openbook,
+    evaluate_world_mc,
+    niah_choice,
+    probe_table,
+)
 from plasticlm.sandbox.specs import resolve_data_spec, resolve_model_spec, sandbox_preset_of
 from plasticlm.sandbox.text import TextPretrainConfig, pretrain_text
 
 __all__ = [
     "PRESETS", "SANDBOX_VERSION", "ModelSpec", "Preset", "TextPretrainConfig", "TokenizerSpec",
-    "ensure_sandbox_models", "evaluate_niah", "evaluate_world_mc", "get_preset",
+    "ensure_sandbox_models", "evaluate_niah", "evaluate_openbook", "evaluate_world_mc", "get_preset",
     "niah_choice", "niah_drill_batch", "preset_dir", "pretrain_preset", "pretrain_text",
-    "probe_table", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
-    "sandbox_preset_of", "sandbox_world", "train_niah_drills",
+    "probe_table", "reading_drill_batch", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
+    "sandbox_preset_of", "sandbox_world", "train_drills",
 ]

@@ -66,6 +66,15 @@ class Preset:
     drill_lengths: tuple[int, ...] = (64, 96, 128)   # tokens; probes go beyond them
     drill_batch_size: int = 16
     drill_lr: float = 1e-3
+    # Share of drill steps that are reading drills (a made-up entity's passage, filler, a
+    # question; see sandbox.drills), and their filler in words. Off in ``sandbox``: 60 of 120
+    # steps on the drilled receiver left open-book reading at chance (29.5% vs 30.5%) and
+    # took held-out closed-book MC from 55% to 35% (the QA template came to mean "copy").
+    drill_reading_share: float = 0.0
+    drill_reading_filler: tuple[int, int] = (0, 60)
+    # Open-book probe of drilled models: the world's open-book items (40-80 filler words).
+    openbook_filler: tuple[int, int] = (40, 80)
+    openbook_samples: int = 200
     checkpoint_every: int = 50
 
 
@@ -95,7 +104,7 @@ PRESETS: dict[str, Preset] = {
          ModelSpec("specialist", "llama", "bpe300", 32, 2, 2, 2, 16, 64, steps=2,
                    batch_size=4, corpus="specialist", init_from="transmitter-llama")),
         seq_len=64, niah=(("single", 160),), niah_samples=2, drill_lengths=(48,),
-        drill_batch_size=2, checkpoint_every=1),
+        drill_batch_size=2, openbook_samples=8, checkpoint_every=1),
 }
 
 

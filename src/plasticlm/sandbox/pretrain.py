@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from plasticlm.data.niah import haystack_sentences
-from plasticlm.data.world import generate_world, write_world
+from plasticlm.data.world import World, generate_world, write_world
 from plasticlm.data.world_tasks import write_world_tasks
 from plasticlm.errors import PlasticError
 from plasticlm.models import (
@@ -33,9 +33,14 @@ from plasticlm.models import (
     unigram_loss,
 )
 from plasticlm.runs import seed_everything
-from plasticlm.sandbox.drills import train_niah_drills
+from plasticlm.sandbox.drills import train_drills
 from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
-from plasticlm.sandbox.probes import evaluate_niah, evaluate_world_mc, probe_table
+from plasticlm.sandbox.probes import (
+    evaluate_niah,
+    evaluate_openbook,
+    evaluate_world_mc,
+    probe_table,
+)
 
 
 def save_model_atomic(model, tokenizer, out: Path) -> None:
@@ -80,7 +85,8 @@ def member_key(p: Preset, spec: ModelSpec) -> str:
     tokenizer, the sequence length and the drill settings. A saved model or checkpoint is
     reused only under the same key."""
     parent = next((m for m in p.models if m.name == spec.init_from), None)
-    drills = (p.drill_lengths, p.drill_batch_size, p.drill_lr) if spec.drill_steps else None
+    drills = ((p.drill_lengths, p.drill_batch_size, p.drill_lr, p.drill_reading_share,
+               p.drill_reading_filler) if spec.drill_steps else None)
     return json.dumps({"spec": asdict(spec), "world": asdict(p.world), "seq_len": p.seq_len,
                        "tokenizer": asdict(next(t for t in p.tokenizers
                                                 if t.name == spec.tokenizer)),
@@ -88,8 +94,12 @@ def member_key(p: Preset, spec: ModelSpec) -> str:
                        "parent": member_key(p, parent) if parent else None}, sort_keys=True)
 
 
+def _openbook(p: Preset, model, tok, world: World) -> dict:
+    return evaluate_openbook(model, tok, world, p.openbook_filler, p.openbook_samples)
+
+
 def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Path,
-                  world_dir: Path, drill_hay: list[str], niah_hay: list[str],
+                  world: World, world_dir: Path, drill_hay: list[str], niah_hay: list[str],
                   progress: bool) -> dict:
     """Pre-train (and drill) one model with checkpoints under ``folder.ckpt``; returns its
     training record."""
@@ -126,10 +136,12 @@ def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Pa
             write_json_atomic(stage1_info, {"key": key, "info": info})
     if spec.drill_steps:
         t_drill = time.time()
-        drill = train_niah_drills(model, tok, drill_hay, spec.drill_steps, p.drill_lengths,
-                                  p.drill_batch_size, p.drill_lr, seed=spec.seed,
-                                  progress=progress, checkpoint=ckpt / "drills",
-                                  checkpoint_every=p.checkpoint_every, checkpoint_key=key)
+        drill = train_drills(model, tok, drill_hay, spec.drill_steps, p.drill_lengths,
+                             p.drill_batch_size, p.drill_lr, seed=spec.seed, world=world,
+                             reading_share=p.drill_reading_share,
+                             reading_filler=p.drill_reading_filler,
+                             progress=progress, checkpoint=ckpt / "drills",
+                             checkpoint_every=p.checkpoint_every, checkpoint_key=key)
         info["drill_seconds"] = round(time.time() - t_drill, 1)
         info["drill_loss_every_10"] = [round(x, 4) for x in drill[::10]]
     info["train_seconds"] = round(time.time() - t, 1)
@@ -185,8 +197,8 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
                       f"{spec.arch}, {spec.steps} steps"
                       + (f" + {spec.drill_steps} drill steps" if spec.drill_steps else ""),
                       flush=True)
-            info = _train_member(p, spec, tok, corpora[spec.corpus], folder, world_dir,
-                                 drill_hay, niah_hay, progress)
+            info = _train_member(p, spec, tok, corpora[spec.corpus], folder, world,
+                                 world_dir, drill_hay, niah_hay, progress)
             model, tok = load_causal_lm(folder)
         t_eval, c_eval = time.time(), _cpu_seconds()
         entry = {**info, "describe": describe(model), "tokenizer": spec.tokenizer,
@@ -197,6 +209,7 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
         if spec.drill_steps:
             entry["mc_core_dev"] = evaluate_world_mc(model, tok, world_dir, "core", ("dev",))
             entry["niah"] = evaluate_niah(model, tok, niah_hay, p.niah, p.niah_samples)
+            entry["openbook"] = _openbook(p, model, tok, world)
         entry["eval_seconds"] = round(time.time() - t_eval, 1)
         entry["eval_cpu_seconds"] = round(_cpu_seconds() - c_eval, 1)
         report["models"][spec.name] = entry
@@ -210,14 +223,23 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
 
 
 def ensure_sandbox_models(preset: str = "sandbox", progress: bool = True) -> dict[str, Path]:
-    """Paths of the preset's model folders, training the whole preset when any is missing."""
+    """Paths of the preset's model folders, (re)training the preset when a model is missing
+    or was trained under another definition of the preset (an older world, spec or drill
+    setting): only those models train again."""
     p = get_preset(preset)
     root = preset_dir(preset)
     paths = {m.name: root / m.name for m in p.models}
-    if not all((q / "config.json").exists() for q in paths.values()) or \
+    if any(_stale(p, spec, paths[spec.name]) for spec in p.models) or \
             not (root / "report.json").exists():
         pretrain_preset(preset, root, progress=progress)
     return paths
+
+
+def _stale(p: Preset, spec: ModelSpec, folder: Path) -> bool:
+    info = folder / "pretrain_info.json"
+    if not (folder / "config.json").exists() or not info.exists():
+        return True
+    return json.loads(info.read_text()).get("key") != member_key(p, spec)
 
 
 def sandbox_model(name: str, preset: str = "sandbox", progress: bool = True) -> Path:

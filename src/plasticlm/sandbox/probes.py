@@ -12,10 +12,13 @@ from pathlib import Path
 
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import generate_niah, score
-from plasticlm.data.world import question_meta, read_world_index
+from plasticlm.data.world import World, question_meta, read_world_index
+from plasticlm.data.world_tasks import openbook_items
+from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     MCConfig,
     bootstrap_ci,
+    closed_set_accuracy,
     encode_pair,
     evaluate_mc_items,
     generate_texts,
@@ -50,6 +53,28 @@ def evaluate_world_mc(model, tokenizer, world_dir: Path, role: str = "core",
             for g, v in sorted(groups.items())}
 
 
+def evaluate_openbook(model, tokenizer, world: World, filler_words: tuple[int, int] = (40, 80),
+                      n: int = 400, seed: int = 0) -> dict:
+    """Open-book reading with full attention: the world's open-book items (an unseen
+    entity's passage, ``filler_words`` of filler, a question; every other entity, up to
+    ``n`` items), scored by 4-way choice; overall, closed and open attributes, each with an
+    entity-clustered interval (chance 25%)."""
+    items = openbook_items(world, filler_words=filler_words, seed=seed)
+    entities = sorted({it.entity for it in items})[::2]
+    keep = set(entities)
+    items = [it for it in items if it.entity in keep][:n]
+    result = closed_set_accuracy(model, tokenizer, [it.prompt for it in items],
+                                 [list(it.choices) for it in items],
+                                 [it.answer for it in items], batch_size=16)
+    out = {}
+    for name, pick in (("all", lambda it: True), ("closed", lambda it: it.closed),
+                       ("open", lambda it: not it.closed)):
+        rows = [(ok, it.entity) for ok, it in zip(result.correct, items) if pick(it)]
+        if rows:
+            out[name] = _ci_entry([x for x, _ in rows], [e for _, e in rows])
+    return out
+
+
 def same_format_decoy(value: str, rng: random.Random) -> str:
     """A random string shaped like ``value``: digits stay digits, hex letters hex letters."""
     out = []
@@ -64,18 +89,27 @@ def same_format_decoy(value: str, rng: random.Random) -> str:
 
 
 def niah_choice(model, tokenizer, samples, num_choices: int = 4, seed: int = 0) -> list[float]:
-    """Per sample, 1.0 when the needle's first answer out-scores ``num_choices - 1`` random
-    strings of the same format after the prompt (chance ``1/num_choices``): whether the
-    model reads the needle at all even when it cannot copy it token for token."""
+    """Per sample, 1.0 when the needle's first answer out-scores ``num_choices - 1`` decoys
+    after the prompt (chance ``1/num_choices``): whether the model reads the needle at all
+    even when it cannot copy it token for token. Decoys are random strings of the answer's
+    format (digits stay digits) or, for word answers, other samples' answers."""
     rng = random.Random(seed)
+    pool = sorted({a for s in samples for a in s.answers})
     contexts, conts = [], []
     for s in samples:
         true = s.answers[0]
         options = [true]
-        while len(options) < num_choices:
+        for _ in range(20 * num_choices):  # words have no digits to vary: few or no decoys
             fake = same_format_decoy(true, rng)
-            if fake not in options:
+            if len(options) == num_choices:
+                break
+            if fake not in options and fake not in s.answers:
                 options.append(fake)
+        others = [a for a in pool if a not in options and a not in s.answers]
+        options += rng.sample(others, min(len(others), num_choices - len(options)))
+        if len(options) < num_choices:
+            raise PlasticError(f"cannot find {num_choices - 1} decoys for the needle {true!r}: "
+                               "give more samples or fewer choices")
         for o in options:
             ctx, cont = encode_pair(tokenizer, s.prompt, " " + o)
             contexts.append(ctx)
@@ -116,8 +150,8 @@ def probe_table(report: dict) -> str:
     """The preset report as a Markdown table: held-out MC overall and per bucket, the
     specialist's facts per split, needle retrieval by choice; 95% intervals over entities."""
     rows = ["| model | layers x hidden | core held-out MC | head | torso | tail | "
-            "specialist dev | specialist val | specialist test | needle choice |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "specialist dev | specialist val | specialist test | needle choice | open-book |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in report["models"].items():
         core, spec = m["mc_core_heldout"], m["mc_specialist"]
         needle = "; ".join(f"{k}: {_cell(v['choice'])}" for k, v in m.get("niah", {}).items())
@@ -126,5 +160,7 @@ def probe_table(report: dict) -> str:
                     f"{_cell(core.get('bucket/head'))} | {_cell(core.get('bucket/torso'))} | "
                     f"{_cell(core.get('bucket/tail'))} | {_cell(spec.get('split/dev'))} | "
                     f"{_cell(spec.get('split/val'))} | {_cell(spec.get('split/test'))} | "
-                    f"{needle or '-'} |")
-    return "\n".join(rows) + "\n\nchance: MC 25%, needle choice 25%; [95% interval over entities]"
+                    f"{needle or '-'} | {_cell(m.get('openbook', {}).get('all'))} |")
+    return "\n".join(rows) + ("\n\nchance: MC, needle choice and open-book 25%; [95% interval "
+                              "over entities]; open-book: an unseen entity's passage, filler, "
+                              "a question, full attention")
