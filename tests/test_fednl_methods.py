@@ -166,6 +166,23 @@ def test_fedssi_importances_are_non_negative_and_accumulate(tok, task):
     assert all((state[k] >= first[k]).all() for k in first)
 
 
+def test_fedssi_penalty_changes_the_second_round_and_vanishes_at_c_zero(tok, task):
+    """From the second round on, FedSSI's synaptic-intelligence penalty pulls theta toward
+    its anchor: the update differs from the same run without it (si_c = 0), which equals
+    plain FedAvg's update step for step."""
+    def two_rounds(method: str, **kw):
+        model, cfg = fresh(method, tok, **kw)
+        theta, state = get_theta(model), {}
+        for r in range(2):
+            theta, _ = local_update(model, tok, task, theta, state, cfg, seed=r)
+        return theta
+
+    ssi, no_penalty = two_rounds("fedssi", si_c=10.0), two_rounds("fedssi", si_c=0.0)
+    fedavg = two_rounds("fedavg")
+    assert all(torch.equal(no_penalty[k], fedavg[k]) for k in fedavg)
+    assert max((ssi[k] - no_penalty[k]).abs().max().item() for k in ssi) > 1e-4
+
+
 def test_set_theta_checks_keys_and_shapes(tok):
     model, _ = fresh("fedavg", tok)
     theta = get_theta(model)

@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a field, e.g. --set seeds=5 --set window=32")
     q.add_argument("--quick", action="store_true",
                    help="tiny sandbox models, one seed, one short round (smoke test)")
+    q.add_argument("--table-only", action="store_true",
+                   help="print the table of the seeds finished so far; run nothing")
     q.set_defaults(func=_experiment)
 
 
@@ -107,7 +109,7 @@ def _compare(args) -> int:
 
 def _experiment(args) -> int:
     from plasticlm.config import load_config
-    from plasticlm.fednl.experiment import ExperimentConfig, run_experiment
+    from plasticlm.fednl.experiment import ExperimentConfig, run_experiment, table_of_finished
 
     names = EXPERIMENT_NAMES if args.name == "all" else (args.name,)
     for name in names:
@@ -115,6 +117,9 @@ def _experiment(args) -> int:
                           (QUICK_EXPERIMENT if args.quick else []) + args.set
                           + [f"experiment={name}"])
         print(f"== fednl experiment {name} ==", flush=True)
+        if args.table_only:
+            print(table_of_finished(cfg))
+            continue
         print(run_experiment(cfg)["table"], flush=True)
         print(f"results: {cfg.out}/{name}/", flush=True)
     return 0

@@ -110,7 +110,8 @@ def variants(cfg: ExperimentConfig) -> list[Variant]:
 
 
 def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -> FedNLConfig:
-    split = {"mmlu": "domain", "niah": "niah", "openbook": "openbook"}[cfg.experiment]
+    # memory and comm need no client data to train on; they measure the mmlu clients' model
+    split = {"niah": "niah", "openbook": "openbook"}.get(cfg.experiment, "domain")
     method = MethodConfig(name=v.method, window=v.window, memory_recurrent=v.recurrent,
                           local_steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr)
     return FedNLConfig(name=f"{v.key}-s{seed}", model=cfg.model, data=cfg.data, split=split,
@@ -196,10 +197,21 @@ def run_accuracy_experiment(cfg: ExperimentConfig, progress: bool = True) -> dic
     return results
 
 
+def finished_seeds(cfg: ExperimentConfig, results: dict) -> list[int]:
+    """Seeds whose every variant has finished (a table of an interrupted experiment uses
+    these and says how many there are)."""
+    return [s for s in range(cfg.seeds)
+            if all(f"{v.label}|{s}" in results["runs"] for v in variants(cfg))]
+
+
 def _rows(cfg: ExperimentConfig, results: dict) -> dict[str, dict]:
+    seeds = finished_seeds(cfg, results)
+    if not seeds:
+        raise PlasticError(f"no seed of the {cfg.experiment} experiment has finished every "
+                           "variant yet; run it (again) to continue")
     out = {}
     for v in variants(cfg):
-        runs = [results["runs"][f"{v.label}|{s}"] for s in range(cfg.seeds)]
+        runs = [results["runs"][f"{v.label}|{s}"] for s in seeds]
         out[v.label] = {"variant": v, "runs": runs,
                         "ci": pooled_bootstrap_ci([r["correct"] for r in runs],
                                                   groups_per_seed=[r["groups"] for r in runs])}
@@ -229,7 +241,9 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
             f"{format_ci(row['ci'])} | {'-' if same else format_ci(diff)} | "
             f"{'-' if same else verdict(diff)} | {drop} | {runs[0]['theta_bytes'] / 1e3:.1f} | "
             f"{PAPER.get(cfg.experiment, {}).get(label, '-')} |")
-    lines.append(f"\n{cfg.seeds} seeds x {n} held-out items; chance {chance}; intervals: "
+    seeds = len(finished_seeds(cfg, results))
+    lines.append(f"\n{seeds} seed(s) of {cfg.seeds} x {n} held-out items; chance {chance}; "
+                 "intervals: "
                  "bootstrap over items clustered by entity/sample, pooled over seeds; "
                  f"{cfg.rounds} rounds x {cfg.local_steps} local steps, batch {cfg.batch_size}. "
                  "Paper (Qwen2.5-1.5B): "
@@ -253,7 +267,8 @@ def _plot_accuracy(cfg: ExperimentConfig, results: dict, path: Path) -> None:
                              for k in labels])
     ax.axhline(25, ls="--", color="k", lw=0.8, label="chance")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set(ylabel="accuracy (%)", title=f"FedNL {cfg.experiment}: {cfg.seeds} seeds, 95% CI")
+    ax.set(ylabel="accuracy (%)", title=f"FedNL {cfg.experiment}: "
+           f"{len(finished_seeds(cfg, results))} seeds, 95% CI")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -329,7 +344,7 @@ def _world_tokens(tok, data: str, n: int) -> torch.Tensor:
     from plasticlm.sandbox import resolve_data_spec
 
     folder = resolve_data_spec(data)
-    ids = tok("\n".join(load_text_corpus(folder / "corpus" / "valid.txt")),
+    ids = tok("\n".join(d.text for d in load_text_corpus(folder / "corpus" / "valid.txt")),
               add_special_tokens=False)["input_ids"]
     return torch.tensor([(ids * (n // len(ids) + 1))[:n]])
 
@@ -449,6 +464,14 @@ def run_comm_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     (root / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root / "table.md").write_text(out["table"] + "\n")
     return out
+
+
+def table_of_finished(cfg: ExperimentConfig) -> str:
+    """The table of an accuracy experiment's finished seeds, without running anything."""
+    path = Path(cfg.out) / cfg.experiment / "results.json"
+    if cfg.experiment not in ("mmlu", "niah", "openbook") or not path.exists():
+        raise PlasticError(f"no accuracy results at {path}")
+    return accuracy_table(cfg, _load_results(path, cfg))
 
 
 def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
