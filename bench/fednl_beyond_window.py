@@ -17,6 +17,11 @@ scored by 4-way choice by log-likelihood (chance 25%):
 - memory, recurrence removed: the same theta, each token writes into an empty state;
 - full attention + LoRA: the O(T) reference, whose KV cache grows with the context.
 
+``--ablation`` trains the memory variant once per change of one design choice instead
+(the ablation that locates what the memory needs): LoRA on the memory's q/k/v only vs
+shared with the attention, gate opened (logit 0) vs the old -3, per-head vs input-dependent
+gate, beta learned vs fixed at 0.5, the short convolution on vs off, decay off vs on.
+
 Seeds change theta's initialisation and the batch order; intervals are entity-clustered
 bootstrap intervals pooled over seeds (`plasticlm.eval.pooled_bootstrap_ci`), and the
 differences are paired on the same items. Writes bench/results/fednl_beyond_window_<task>.json.
@@ -38,6 +43,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("window, untrained", "window + LoRA", "memory (FedNL theta)",
             "memory, recurrence removed", "full attention + LoRA")
+MEMORY = dict(layers="all", rank=8, conv_size=4, gate_init=0.0)
+# one change of the memory (FedNL theta) at a time; "beta fixed" freezes beta at 0.5
+ABLATION = {
+    "memory (FedNL theta)": {},
+    "LoRA shared with attention": dict(lora_scope="shared"),
+    "gate starts at -3": dict(gate_init=-3.0),
+    "input-dependent gate": dict(gate="input"),
+    "beta fixed at 0.5": {},
+    "no short convolution": dict(conv_size=0),
+    "decay (gated delta rule)": dict(decay=True),
+    "memory, recurrence removed": dict(recurrent=False),
+}
 
 
 @dataclass(frozen=True)
@@ -79,9 +96,12 @@ def build(variant: str, folder: Path, window: int, seed: int):
 
     torch.manual_seed(seed)
     model, tok = load_causal_lm(folder)
-    if variant.startswith("memory"):
-        attach_memory(model, layers="all", window=window, rank=8, conv_size=4, gate_init=0.0,
-                      recurrent=variant == "memory (FedNL theta)")
+    if variant in ABLATION:
+        attach_memory(model, window=window, **{**MEMORY, **ABLATION[variant]})
+        if variant == "beta fixed at 0.5":
+            for layer in model.get_decoder().layers:
+                layer.self_attn.beta_proj.weight.data.zero_()
+                layer.self_attn.beta_proj.requires_grad_(False)
         return model, tok
     if variant.startswith("window"):
         attach_memory(model, layers=[], window=window)
@@ -133,12 +153,16 @@ def main(argv=None) -> int:
     ap.add_argument("--niah-length", type=int, default=96, help="niah: tokens per sample")
     ap.add_argument("--filler", default="40,80", help="openbook: filler words between passage "
                     "and question")
+    ap.add_argument("--ablation", action="store_true", help="memory variants, one design "
+                    "choice changed at a time (beside window + LoRA)")
     ap.add_argument("--max-test", type=int, default=400)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default bench/results/"
                     "fednl_beyond_window_<task>.json")
     args = ap.parse_args(argv)
-    args.out = args.out or str(RESULTS / f"fednl_beyond_window_{args.task}.json")
+    suffix = "_ablation" if args.ablation else ""
+    args.out = args.out or str(RESULTS / f"fednl_beyond_window_{args.task}{suffix}.json")
+    variants = ("window + LoRA", *ABLATION) if args.ablation else VARIANTS
 
     from plasticlm.data.world import generate_world
     from plasticlm.data.world_tasks import openbook_items
@@ -162,10 +186,10 @@ def main(argv=None) -> int:
         train_items = niah_items(world, tok, args.niah_length, 400, seed=1)
         test_items = niah_items(world, tok, args.niah_length, args.max_test, seed=2)
     groups = [it.entity for it in test_items]
-    scores: dict[str, list[list[float]]] = {v: [] for v in VARIANTS}
-    meta: dict[str, dict] = {v: {"seconds": [], "final_loss": []} for v in VARIANTS}
+    scores: dict[str, list[list[float]]] = {v: [] for v in variants}
+    meta: dict[str, dict] = {v: {"seconds": [], "final_loss": []} for v in variants}
     for seed in range(args.seeds):
-        for variant in VARIANTS:
+        for variant in variants:
             t = time.time()
             model, tok = build(variant, folder, args.window, seed)
             losses = [] if variant == "window, untrained" else \
@@ -181,11 +205,12 @@ def main(argv=None) -> int:
     window_lora = scores["window + LoRA"]
     cis = {v: (pooled_bootstrap_ci(scores[v], groups_per_seed=[groups] * args.seeds),
                pooled_bootstrap_ci(scores[v], baseline_per_seed=window_lora,
-                                   groups_per_seed=[groups] * args.seeds)) for v in VARIANTS}
+                                   groups_per_seed=[groups] * args.seeds)) for v in variants}
     table = {v: {"accuracy": ci.mean, "low": ci.low, "high": ci.high,
                  "minus_window_lora": d.mean, "diff_low": d.low, "diff_high": d.high, **meta[v]}
              for v, (ci, d) in cis.items()}
-    report = {"task": args.task, "preset": args.preset, "window": args.window, "steps": args.steps,
+    report = {"task": args.task, "ablation": args.ablation, "preset": args.preset,
+              "window": args.window, "steps": args.steps,
               "batch": args.batch, "seeds": args.seeds, "filler_words": [lo, hi],
               "train_items": len(train_items), "test_items": len(test_items),
               "test_entities": len(set(groups)), "table": table}

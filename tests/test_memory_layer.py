@@ -74,6 +74,73 @@ def test_mix_and_norm_options(mix, norm):
         MemoryConfig(mix="sum")
 
 
+def _open_memory(seed=0, **options):
+    """A qwen3 memory model with an open gate and non-zero LoRA in layer 1."""
+    torch.manual_seed(seed)  # theta's initialisation draws from the global generator
+    model = attach_memory(tiny("qwen3"), layers=[1], window=8, rank=4, gate_init=0.0, **options)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in meta_parameters(model).items():
+            if ".B" in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model
+
+
+def test_decay_limits_are_the_plain_and_the_memoryless_rule():
+    """exp(g) -> 1 is the plain delta rule; exp(g) -> 0 forgets everything before each write,
+    which is the memory with its recurrence removed; in between it is neither."""
+    x = ids()
+    outs = {}
+    for name, options in {"plain": {}, "none": dict(recurrent=False),
+                          "keep": dict(decay=True, decay_init=40.0),
+                          "forget": dict(decay=True, decay_init=-40.0),
+                          "half": dict(decay=True, decay_init=0.0)}.items():
+        model = _open_memory(**options)
+        if "decay" in options:
+            assert "layers.1.decay_proj.bias" in meta_parameters(model)
+        with torch.no_grad():
+            outs[name] = model(x).logits
+    torch.testing.assert_close(outs["keep"], outs["plain"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["forget"], outs["none"], atol=1e-5, rtol=1e-5)
+    assert (outs["half"] - outs["plain"]).abs().max() > 1e-3
+    assert (outs["half"] - outs["none"]).abs().max() > 1e-3
+
+
+def test_input_gate_starts_as_the_head_gate_and_learns_per_token():
+    x = ids()
+    head, gated = _open_memory(), _open_memory(gate="input")
+    with torch.no_grad():
+        torch.testing.assert_close(gated(x).logits, head(x).logits, atol=1e-6, rtol=1e-6)
+    attn = gated.get_decoder().layers[1].self_attn
+    gated(x).logits.square().mean().backward()
+    grad = attn.gate_proj.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+    with torch.no_grad():
+        attn.gate_proj.weight.normal_(std=1.0)
+        alpha = attn._alpha_of(torch.randn(2, 5, SIZES["hidden_size"]))
+    assert alpha.shape == (2, SIZES["num_heads"], 5, 1)
+    assert alpha.std() > 0.05 and bool(((alpha > 0) & (alpha < 1)).all())
+
+
+def test_shared_lora_changes_the_attention_memory_lora_does_not():
+    """With the gate closed, a memory-only LoRA leaves the windowed base untouched; a shared
+    LoRA changes the q/k/v the attention reads as well."""
+    x = ids()
+    base = tiny("qwen3")
+    with torch.no_grad():
+        windowed = base(x, attention_mask=window_attention_mask(x.shape[1], 8)).logits
+    outs = {}
+    for scope in ("memory", "shared"):
+        model = _open_memory(lora_scope=scope)
+        with torch.no_grad():
+            model.get_decoder().layers[1].self_attn.gate_logit.fill_(-40.0)
+            outs[scope] = model(x).logits
+    torch.testing.assert_close(outs["memory"], windowed, atol=1e-5, rtol=1e-5)
+    assert (outs["shared"] - windowed).abs().max() > 1e-3
+    with pytest.raises(PlasticError, match="lora_scope must be"):
+        MemoryConfig(lora_scope="everywhere")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_window_covering_sequence_equals_base(arch):
     x = ids(t=30)

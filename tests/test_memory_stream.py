@@ -11,15 +11,15 @@ SIZES = dict(vocab_size=80, hidden_size=64, num_layers=2, num_heads=4, num_kv_he
              max_position_embeddings=64)  # streams run past this: RoPE has no hard limit
 
 
-def memory_model(arch="qwen3", window=6, conv_size=3):
+def memory_model(arch="qwen3", window=6, conv_size=3, **options):
     model = attach_memory(build_tiny(arch, seed=1, **SIZES), layers=[1], window=window, rank=4,
-                          conv_size=conv_size)
+                          conv_size=conv_size, **options)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an open gate and non-zero LoRA, so the memory really matters
         for name, p in meta_parameters(model).items():
             if name.endswith("gate_logit"):
                 p.fill_(0.0)
-            elif ".B" in name or "conv" in name:
+            elif ".B" in name or "conv" in name or "gate_proj" in name or "decay_proj.weight" in name:
                 p.add_(torch.randn(p.shape, generator=gen) * 0.2)
     return model
 
@@ -37,6 +37,19 @@ def test_stream_equals_parallel_windowed_forward(arch, chunk):
     streamed = MemoryStream(model, chunk_tokens=chunk).feed(x)
     torch.testing.assert_close(streamed, parallel, atol=1e-4, rtol=1e-4)
     assert (parallel[:, -1] - model(x[:, -10:]).logits[:, -1]).abs().max() > 1e-3  # memory carries the past
+
+
+@pytest.mark.parametrize("options", [dict(decay=True, decay_init=1.0), dict(gate="input"),
+                                     dict(lora_scope="shared")])
+def test_stream_equals_parallel_with_memory_options(options):
+    """The gated delta rule, the input-dependent gate and the shared LoRA carry their state
+    across chunks exactly like the plain memory."""
+    model = memory_model("qwen2", **options)
+    x = tokens(50)
+    with torch.no_grad():
+        parallel = model(x).logits
+    streamed = MemoryStream(model, chunk_tokens=9).feed(x)
+    torch.testing.assert_close(streamed, parallel, atol=1e-4, rtol=1e-4)
 
 
 def test_plain_model_streams_with_window():

@@ -61,6 +61,7 @@ class Variant:
     window: int
     recurrent: bool = True
     trained: bool = True
+    decay: bool = False           # fednl: the gated delta rule
 
     @property
     def key(self) -> str:
@@ -108,6 +109,7 @@ def variants(cfg: ExperimentConfig) -> list[Variant]:
                 Variant("fedala", "fedala", w),
                 Variant("untrained", "fedavg", w, trained=False)]
     return [Variant("fednl", "fednl", w),
+            Variant("fednl, decay", "fednl", w, decay=True),
             Variant("fednl, recurrence removed", "fednl", w, recurrent=False),
             Variant("fedavg LoRA, window", "fedavg", w),
             Variant("fedavg LoRA, full attention", "fedavg", 0),
@@ -118,6 +120,7 @@ def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -
     # memory and comm need no client data to train on; they measure the mmlu clients' model
     split = {"niah": "niah", "openbook": "openbook"}.get(cfg.experiment, "domain")
     method = MethodConfig(name=v.method, window=v.window, memory_recurrent=v.recurrent,
+                          memory_decay=v.decay,
                           local_steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr)
     return FedNLConfig(name=f"{v.key}-s{seed}", model=cfg.model, data=cfg.data, split=split,
                        max_train=cfg.max_train, max_test=cfg.max_test,

@@ -54,6 +54,10 @@ class MethodConfig:
     memory_mix: str = "convex"    # fednl: "convex" or "additive" (MemoryConfig.mix)
     memory_norm: bool = False     # fednl: RMS-normalise each head's memory read
     memory_recurrent: bool = True # fednl: False removes the recurrence (a control)
+    memory_gate: str = "head"     # fednl: "head" (a logit per head) or "input" (per token)
+    memory_decay: bool = False    # fednl: the gated delta rule (the state forgets)
+    memory_lora: str = "memory"   # fednl: LoRA on the memory's q/k/v ("memory") or on the
+                                  # q/k/v both branches read ("shared")
     gate_lr: float = 2e-2         # fednl: lr of the gate logits and beta biases (own group):
                                   # Adam moves a parameter by about lr per step
     prox_mu: float = 0.01         # FedProx
@@ -84,7 +88,9 @@ def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
         return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
                              lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
                              gate_init=cfg.gate_init, mix=cfg.memory_mix,
-                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent)
+                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent,
+                             gate=cfg.memory_gate, decay=cfg.memory_decay,
+                             lora_scope=cfg.memory_lora)
     if cfg.window > 0:  # the same windowed attention as fednl, without a memory
         model = attach_memory(model, layers=[], window=cfg.window)
     if cfg.name == "fedavg-full":
@@ -174,9 +180,9 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
 
 
 def is_gate_parameter(name: str) -> bool:
-    """The memory's mixing gate logits and beta biases: scalars per head that Adam, moving
-    each parameter by about ``lr`` per step, would barely move at the LoRA learning rate."""
-    return name.endswith("gate_logit") or name.endswith("beta_proj.bias")
+    """The memory's mixing gate logits, beta and decay biases: scalars per head that Adam,
+    moving each parameter by about ``lr`` per step, would barely move at the LoRA rate."""
+    return name.endswith(("gate_logit", "beta_proj.bias", "decay_proj.bias"))
 
 
 def param_groups(params: dict[str, nn.Parameter], cfg: MethodConfig) -> list[dict]:

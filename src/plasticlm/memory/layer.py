@@ -15,6 +15,13 @@ RMS-normalises mem_h per head first)
 and then go through the frozen output projection. gate_logit starts at ``gate_init``
 (default -16, alpha = 1.1e-7), so a freshly attached model is the windowed base model up to
 ~1e-7 relative, yet alpha stays strictly inside (0, 1) and Adam can move it.
+
+Options beyond the per-head gate: ``gate="input"`` makes it input-dependent,
+alpha_t,h = sigmoid(w_h . x_t + gate_logit_h) with w starting at zero (the same model at
+attach time); ``decay=True`` is the gated delta rule, S <- exp(g_t) S before each write with
+g_t,h = logsigmoid(w_h . x_t + b_h), b starting at ``decay_init`` (forget ~1% per token);
+``lora_scope="shared"`` puts the LoRA on the q/k/v that both branches read (the attention
+then changes too), instead of on the memory's q/k/v alone.
 """
 
 from __future__ import annotations
@@ -52,11 +59,20 @@ class MemoryConfig:
     # RMS-normalise each head's memory read (learned per-channel scale, part of theta), so
     # its size does not depend on how much the state has accumulated.
     memory_norm: bool = False
+    # "head": one gate logit per head; "input": alpha_t,h = sigmoid(w_h . x_t + gate_logit_h)
+    gate: str = "head"
+    # Gated delta rule: the state decays by exp(g_t) before each write (Gated DeltaNet).
+    decay: bool = False
+    decay_init: float = 4.6       # decay bias: exp(g) = sigmoid(4.6) = 0.99 at attach time
+    # "memory": LoRA on the memory's q/k/v only; "shared": on the q/k/v both branches read
+    lora_scope: str = "memory"
+    model_type: str = ""          # architecture it was attached to (checked on load)
 
     def __post_init__(self):
-        if self.mix not in ("convex", "additive"):
-            raise PlasticError(f"mix must be 'convex' or 'additive', not {self.mix!r}")
-    model_type: str = ""          # architecture it was attached to (checked on load)
+        for name, allowed in (("mix", ("convex", "additive")), ("gate", ("head", "input")),
+                              ("lora_scope", ("memory", "shared"))):
+            if getattr(self, name) not in allowed:
+                raise PlasticError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
 
 
 class LoRA(nn.Module):
@@ -156,14 +172,30 @@ class MemoryAttention(nn.Module):
         nn.init.normal_(self.beta_proj.weight, std=0.02)
         nn.init.zeros_(self.beta_proj.bias)
         self.gate_logit = nn.Parameter(torch.full((h,), float(config.gate_init)))
+        # zero weights: an input-dependent gate starts as the per-head one
+        self.gate_proj = nn.Linear(hidden, h, bias=False) if config.gate == "input" else None
+        if self.gate_proj is not None:
+            nn.init.zeros_(self.gate_proj.weight)
+        self.decay_proj = nn.Linear(hidden, h) if config.decay else None
+        if self.decay_proj is not None:
+            nn.init.normal_(self.decay_proj.weight, std=0.02)
+            nn.init.constant_(self.decay_proj.bias, config.decay_init)
+        self.shared_lora = config.lora_scope == "shared"
         self.conv = ShortConv((h + 2 * kv) * d, config.conv_size) if config.conv_size > 0 else None
         self.mix = config.mix
         self.memory_norm = nn.RMSNorm(d, eps=1e-6) if config.memory_norm else None
 
     @property
     def alpha(self) -> torch.Tensor:
-        """The per-head mixing gate in (0, 1), [H]."""
+        """The per-head mixing gate in (0, 1), [H] (for ``gate="input"``: at a zero input)."""
         return torch.sigmoid(self.gate_logit)
+
+    def _alpha_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate for input x [B,T,hidden], broadcastable to [B,H,T,D]."""
+        if self.gate_proj is None:
+            return self.alpha[None, :, None, None]
+        logits = self.gate_proj(x.to(self.gate_proj.weight.dtype)) + self.gate_logit  # [B,T,H]
+        return torch.sigmoid(logits).transpose(1, 2)[..., None]
 
     def _heads(self, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -199,9 +231,10 @@ class MemoryAttention(nn.Module):
     def _memory_branch(self, x, q_lin, k_lin, v_lin) -> torch.Tensor:
         """Delta-rule read/write over the sequence: [B,H,T,D] in x's dtype."""
         state = self.stream_state
-        q_m = q_lin + self.lora_q(x)
-        k_m = k_lin + self.lora_k(x)
-        v_m = v_lin + self.lora_v(x)
+        if self.shared_lora:  # the LoRA is already in q/k/v_lin
+            q_m, k_m, v_m = q_lin, k_lin, v_lin
+        else:
+            q_m, k_m, v_m = q_lin + self.lora_q(x), k_lin + self.lora_k(x), v_lin + self.lora_v(x)
         real = self.token_mask
         if real is not None and tuple(real.shape) != tuple(x.shape[:2]):
             real = None
@@ -229,8 +262,14 @@ class MemoryAttention(nn.Module):
         if not self.recurrent:
             out = beta[..., None] * (q_m * k_m).sum(-1, keepdim=True) * v_m.float()
             return out.to(x.dtype)
+        g = None
+        if self.decay_proj is not None:
+            g = F.logsigmoid(self.decay_proj(x.to(self.decay_proj.weight.dtype)).float()).transpose(1, 2)
+            if real is not None:  # padding neither writes nor forgets
+                g = g * real[:, None, :].to(g.dtype)
         initial = state.memory if state is not None else None
-        out, final = delta_rule(q_m, k_m, v_m.float(), beta, initial_state=initial, chunk_size=self.chunk_size)
+        out, final = delta_rule(q_m, k_m, v_m.float(), beta, initial_state=initial,
+                                chunk_size=self.chunk_size, g=g)
         if state is not None:
             state.memory = final
         return out.to(x.dtype)
@@ -244,6 +283,10 @@ class MemoryAttention(nn.Module):
         q_lin = base.q_proj(hidden_states)
         k_lin = base.k_proj(hidden_states)
         v_lin = base.v_proj(hidden_states)
+        if self.with_memory and self.shared_lora:
+            q_lin = q_lin + self.lora_q(hidden_states)
+            k_lin = k_lin + self.lora_k(hidden_states)
+            v_lin = v_lin + self.lora_v(hidden_states)
         q = self._heads(q_lin, getattr(base, "q_norm", None))
         k = self._heads(k_lin, getattr(base, "k_norm", None))
         v = self._heads(v_lin, None)
@@ -262,7 +305,7 @@ class MemoryAttention(nn.Module):
             mem = self._memory_branch(hidden_states, q_lin, k_lin, v_lin)
             if self.memory_norm is not None:
                 mem = self.memory_norm(mem.float()).to(out.dtype)
-            alpha = self.alpha.to(out.dtype)[None, :, None, None]
+            alpha = self._alpha_of(hidden_states).to(out.dtype)
             out = out + alpha * (mem - out if self.mix == "convex" else mem)
         out = out.transpose(1, 2).reshape(b, t, -1)
         return base.o_proj(out), None
