@@ -54,12 +54,16 @@ def peers(tokenizers):
 
 
 def _perturbed(fuser: Fuser, seed: int = 0) -> Fuser:
-    """An untrained fuser is the identity; give it random output maps to test the plumbing."""
+    """An untrained fuser is the identity; give it random output maps (and C2C gates that are
+    on) to test the plumbing."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in fuser.layers:
-            layer.up.weight.copy_(torch.randn(layer.up.weight.shape, generator=g) * 0.5)
-    return fuser
+        for name, p in fuser.named_parameters():
+            if name.endswith(("up.weight", "out.weight")) and "blocks" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif name.endswith("gate_logits"):
+                p.fill_(2.0)
+    return fuser.eval()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -149,11 +153,17 @@ def test_fuser_shapes_across_architectures(peers):
 
 def test_fuser_size_and_save_load(peers, tmp_path):
     r, t1, _ = peers
-    f = _perturbed(Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix"))
+    f = _perturbed(Fuser.for_pair(r.layout, t1.layout, kind="lowrank", rank=4, mode="prefix"))
     in_w = 2 * 4 * 12
     out_w = 2 * 2 * 8
     per_layer = in_w + in_w * 4 + 4 * out_w + out_w + (4 + out_w) * 2 + 2 + 1
     assert f.num_parameters() == 3 * per_layer
+    # C2C: per path, norms t_w + r_w, Linear in, 2 blocks, out norm, Linear out, head weight
+    c2c = Fuser.for_pair(r.layout, t1.layout, kind="c2c", hidden=8)
+    t_w, r_w, hid, heads = 4 * 12, 2 * 8, 8, 2
+    path = (t_w + r_w) + (t_w + r_w + 1) * hid + 2 * (hid + 2 * (hid * hid + hid)) + hid \
+        + (hid + 1) * r_w + (hid + 1) * heads
+    assert c2c.num_parameters() == 3 * (2 * path + 2)
     f.save_pretrained(tmp_path / "f")
     g = Fuser.from_pretrained(tmp_path / "f")
     assert g.config == f.config

@@ -1,4 +1,6 @@
-"""A trained fuser lets a receiver answer facts only its transmitter knows (tiny models)."""
+"""Fusers on tiny models: a zero fuser is the receiver alone, training fits, C2C gates are
+hard at inference, and transfer is measured on entities the fuser never saw, against a
+control transmitter of the same shape that does not know the facts."""
 
 import random
 
@@ -8,7 +10,7 @@ import torch
 from plasticlm.eval import encode_with_bos
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Example, FedRefine, Fuser, FuserTrainConfig, Link, Peer, train_fuser
-from plasticlm.refine.train import evaluate_answer_loss
+from plasticlm.refine.train import evaluate_answer_loss, general_examples
 
 ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]
 SYLLABLES = ["ka", "lo", "mi", "zu", "ren", "tor", "vex", "pa", "qui", "dol", "sar", "nim"]
@@ -46,24 +48,31 @@ def _fit_answers(model, tokenizer, facts: dict[str, str], steps: int) -> None:
 
 @pytest.fixture(scope="module")
 def pair():
-    """A Llama specialist that knows 16 facts and a Qwen3 receiver that knows only the
-    question format (its training answers are random), with different vocabularies."""
+    """A Llama specialist that knows 32 facts, a control Llama of the same shape and
+    tokenizer that learned other answers for the same names, and a Qwen3 receiver that knows
+    only the question format, with a different vocabulary."""
     torch.manual_seed(0)
     rng = random.Random(0)
     names = sorted({"".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
-                    for _ in range(40)})[:16]
+                    for _ in range(80)})[:32]
     facts = {n: ORGANS[i % len(ORGANS)] for i, n in enumerate(names)}
+    wrong = {n: ORGANS[(i + 1 + i % 3) % len(ORGANS)] for i, n in enumerate(names)}
     docs = [f"{_question(n)} {v}." for n, v in facts.items()] * 3
     t_tok = train_bpe_tokenizer(docs, vocab_size=300)
     r_tok = train_bpe_tokenizer(docs + ["the kidney of a brain"] * 3, vocab_size=280)
-    spec = build_tiny("llama", seed=1, vocab_size=len(t_tok), hidden_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, intermediate_size=96)
+    shape = dict(vocab_size=len(t_tok), hidden_size=48, num_layers=3, num_heads=4,
+                 num_kv_heads=2, intermediate_size=96)
+    spec = build_tiny("llama", seed=1, **shape)
+    control = build_tiny("llama", seed=1, **shape)
     recv = build_tiny("qwen3", seed=2, vocab_size=len(r_tok), hidden_size=32, num_layers=3,
                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
-    _fit_answers(spec, t_tok, facts, 50)
+    _fit_answers(spec, t_tok, facts, 200)
+    _fit_answers(control, t_tok, wrong, 200)
+    # measured: the specialist answers 100% of its facts, the control 22%
     others = {n[::-1].capitalize(): random.Random(n).choice(ORGANS) for n in names}
     _fit_answers(recv, r_tok, others, 30)
-    return Peer("receiver", recv, r_tok), Peer("specialist", spec, t_tok), facts
+    return (Peer("receiver", recv, r_tok), Peer("specialist", spec, t_tok),
+            Peer("control", control, t_tok), facts)
 
 
 def _choices(name: str, right: str) -> list[str]:
@@ -81,24 +90,97 @@ def _accuracy(fr: FedRefine, facts: dict[str, str], mode: str) -> float:
     return hits / len(facts)
 
 
-def test_trained_fuser_beats_receiver_alone_on_specialist_facts(pair, tmp_path):
-    receiver, specialist, facts = pair
-    assert _accuracy(FedRefine(specialist), facts, "alone") >= 0.75   # it knows them
-    examples = [Example(_question(n), " " + v) for n, v in facts.items()]
-    fuser, losses = train_fuser(receiver, specialist, examples,
-                                FuserTrainConfig(rank=16, epochs=14, lr=2e-2), progress=False)
-    n = len(examples)
-    assert sum(losses[-n:]) < 0.8 * sum(losses[:n])
-    assert evaluate_answer_loss(receiver, specialist, fuser, examples) < \
-        evaluate_answer_loss(receiver, specialist, None, examples)
+@pytest.mark.parametrize("kind", ["c2c", "lowrank"])
+def test_zero_fuser_is_the_receiver_alone(pair, kind):
+    """An untrained fuser (zero output map) leaves every choice score as the receiver's own
+    to 1e-5, also with C2C's gates forced on; a non-zero output map changes them."""
+    receiver, specialist, _, facts = pair
+    fuser = Fuser.for_pair(receiver.layout, specialist.layout, kind=kind, hidden=32).eval()
     fr = FedRefine(receiver, [Link(specialist, fuser)])
-    alone, c2c = _accuracy(fr, facts, "alone"), _accuracy(fr, facts, "c2c")
-    assert c2c >= alone + 0.2, (alone, c2c)
-    # The fuser is a small fraction of the receiver, and reloads to the same answers.
-    r_params = sum(p.numel() for p in receiver.model.parameters())
-    assert fuser.num_parameters() < 0.15 * r_params
+    name = next(iter(facts))
+    alone = fr.score(_question(name), ORGANS[:4], "alone").scores
+    if kind == "c2c":
+        with torch.no_grad():
+            for layer in fuser.layers:
+                layer.gate_logits.fill_(5.0)
+    assert fr.score(_question(name), ORGANS[:4], "c2c").scores == pytest.approx(alone, abs=1e-5)
+    with torch.no_grad():
+        for name_, p in fuser.named_parameters():
+            if name_.endswith(("out.weight", "up.weight")):
+                p.normal_(std=0.5)
+    assert fr.score(_question(name), ORGANS[:4], "c2c").scores != pytest.approx(alone, abs=1e-3)
+
+
+def test_c2c_gates_are_gumbel_in_training_and_hard_at_inference(pair):
+    receiver, specialist, _, _ = pair
+    fuser = Fuser.for_pair(receiver.layout, specialist.layout, kind="c2c", hidden=16)
+    layer = fuser.layers[0]
+    with torch.no_grad():
+        layer.gate_logits.copy_(torch.tensor([0.3, -0.3]))
+    fuser.train()
+    fuser.set_temperature(1.0)
+    soft = torch.stack([layer.gates() for _ in range(200)])
+    assert 0.05 < soft.std(0).min() and bool(((soft > 0) & (soft < 1)).all())
+    fuser.set_temperature(1e-3)  # annealed: samples are (almost) 0 or 1
+    cold = torch.stack([layer.gates() for _ in range(200)])
+    assert ((cold < 0.01) | (cold > 0.99)).float().mean() > 0.97
+    fuser.eval()
+    assert layer.gates().tolist() == [1.0, 0.0]
+    assert 0 in fuser.gates_on()["keys"] and 0 not in fuser.gates_on()["values"]
+
+
+def test_general_examples_cut_documents_and_qa_lines():
+    texts = ["Q: Who founded Ravvale? A: Fenna Holrow.\nQ: Which river? A: Orrin.",
+             "Alma lives in Brill. Alma paints boats. Alma likes tea."]
+    ex = general_examples(texts, n=10, seed=0)
+    qa = {(e.prompt, e.answer) for e in ex if e.prompt.startswith("Q:")}
+    assert qa == {("Q: Who founded Ravvale? A:", " Fenna Holrow"), ("Q: Which river? A:", " Orrin")}
+    story = [e for e in ex if not e.prompt.startswith("Q:")]
+    assert len(story) == 1 and story[0].prompt.startswith("Alma lives in Brill.")
+    assert (story[0].prompt + story[0].answer + ".") in texts[1]
+
+
+def _split(facts):
+    names = sorted(facts)
+    return ({n: facts[n] for n in names[:20]}, {n: facts[n] for n in names[20:]})
+
+
+def _train(receiver, transmitter, facts, **kw):
+    examples = [Example(_question(n), " " + v) for n, v in facts.items()]
+    cfg = FuserTrainConfig(hidden=32, epochs=40, batch_size=4, lr=3e-3, dropout=0.0, **kw)
+    return train_fuser(receiver, transmitter, examples, cfg, progress=False)
+
+
+def test_fuser_training_fits_its_training_facts(pair, tmp_path):
+    """Fitting, not transfer: the answer loss on the training facts falls well below the
+    receiver's own (would fail at lr = 1e-9), and a saved fuser reloads to the same answers."""
+    receiver, specialist, _, facts = pair
+    seen, _ = _split(facts)
+    examples = [Example(_question(n), " " + v) for n, v in seen.items()]
+    fuser, losses = _train(receiver, specialist, seen)
+    assert sum(losses[-10:]) < 0.85 * sum(losses[:10])
+    # measured: 1.11 nats with the fuser, 1.53 alone
+    assert evaluate_answer_loss(receiver, specialist, fuser, examples) < \
+        0.85 * evaluate_answer_loss(receiver, specialist, None, examples)
+    fr = FedRefine(receiver, [Link(specialist, fuser)])
     fuser.save_pretrained(tmp_path / "fuser")
     again = FedRefine(receiver, [Link(specialist, Fuser.from_pretrained(tmp_path / "fuser"))])
-    q = next(iter(facts))
+    q = next(iter(seen))
     assert again.score(_question(q), ORGANS[:4], "c2c").scores == \
         pytest.approx(fr.score(_question(q), ORGANS[:4], "c2c").scores, abs=1e-5)
+
+
+@pytest.mark.xfail(strict=True, reason="not shown at this scale: fusing the specialist or the "
+                   "control reaches the same training loss (1.11 vs 1.10 nats) and neither "
+                   "beats chance on unseen entities")
+def test_fuser_transfers_to_unseen_entities_beyond_a_control_transmitter(pair):
+    """Trained on 20 entities, scored on 12 others that the specialist knows and the fuser
+    never saw: fusing the specialist must beat fusing the control transmitter (same shape,
+    wrong answers) by 25 points."""
+    receiver, specialist, control, facts = pair
+    seen, unseen = _split(facts)
+    spec_fuser, _ = _train(receiver, specialist, seen)
+    ctrl_fuser, _ = _train(receiver, control, seen)
+    with_spec = _accuracy(FedRefine(receiver, [Link(specialist, spec_fuser)]), unseen, "c2c")
+    with_ctrl = _accuracy(FedRefine(receiver, [Link(control, ctrl_fuser)]), unseen, "c2c")
+    assert with_spec >= with_ctrl + 0.25, (with_spec, with_ctrl)

@@ -1,16 +1,26 @@
 """Fusers: small per-layer maps from a transmitter's KV cache into a receiver's.
 
-One :class:`LayerFuser` per receiver layer reads the mapped transmitter layer's K and V of a
-token (RoPE undone), squeezes them through a rank-``r`` bottleneck and produces a K and a V
-for every receiver kv head, a sigmoid weight per head (which also sees the receiver's own
-K/V, so fusing several transmitters in sequence differs from fusing them in parallel) and
-one sigmoid gate per layer. RoPE choice: transmitter keys are de-rotated at their own
+Two kinds of per-receiver-layer fuser read the mapped transmitter layer's K and V of a token
+(RoPE undone) and add a projection to the receiver's own K and V:
+
+- ``kind="c2c"`` (:class:`C2CLayerFuser`, the default, C2C's design): separate K and V
+  paths, each reading concat(transmitter K (V), receiver K (V)) per token through a Linear to
+  a hidden width, two residual pre-RMSNorm GELU blocks with dropout and a Linear to the
+  receiver's width; a sigmoid weight per token and head from the hidden; one K and one V gate
+  per layer, trained as Gumbel-sigmoid with an annealed temperature and hard 0/1 at inference
+  (the layers whose gate stays on are the learned layer selection);
+- ``kind="lowrank"`` (:class:`LowRankLayerFuser`): concat(K, V) through one rank-``r``
+  bottleneck, a per-head weight that also sees the receiver's K/V, one soft gate per layer;
+  far smaller, kept for the size comparison.
+
+Improvements over C2C, both kinds: RoPE choice: transmitter keys are de-rotated at their own
 positions, projected, and re-rotated with the receiver's RoPE at the receiver positions they
 land on, so both fusion modes place keys exactly where they are used:
 
 - ``aligned``: K_r += gate * w * rotate(K_proj, i), V_r += gate * w * V_proj at each
-  receiver prompt position ``i`` (token-aligned to the transmitter); with ``fuse_last``
-  the last prompt token is then run again at its own position on the fused cache;
+  receiver prompt position ``i`` (token-aligned to the transmitter by character offsets, so
+  different tokenizers fuse); as in C2C every prompt token but the last is fused and the last
+  runs unfused on the fused cache (``fuse_last`` fuses it too and runs it again, an ablation);
 - ``prefix``: the projections enter the cache as extra positions 1..P after the receiver's
   BOS; the receiver's prompt then runs at positions P+1.. (explicit ``position_ids``).
 """
@@ -30,6 +40,7 @@ from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
 
 FUSION_MODES = ("aligned", "prefix")
 SHARE_MODES = ("all", "draft")
+FUSER_KINDS = ("c2c", "lowrank")
 CONFIG_NAME = "fuser_config.json"
 WEIGHTS_NAME = "fuser.safetensors"
 
@@ -44,7 +55,10 @@ class FuserConfig:
     transmitter_layers: int
     transmitter_kv_heads: int
     transmitter_head_dim: int
-    rank: int = 32
+    kind: str = "c2c"
+    rank: int = 32                # lowrank: bottleneck width
+    hidden: int = 256             # c2c: hidden width of the K and V paths
+    dropout: float = 0.1          # c2c: dropout in the residual blocks
     layer_map: str = "last"
     mode: str = "aligned"
     receiver_name: str = ""
@@ -52,9 +66,9 @@ class FuserConfig:
     receiver_rope_scaling: float = 1.0
     transmitter_rope_scaling: float = 1.0
     # Aligned mode: also fuse the last prompt position and run the last token again on the
-    # fused cache (at its own position). C2C leaves the last position unfused; with small
-    # models the transmitter's answer sits mostly at that last position.
-    fuse_last: bool = True
+    # fused cache (at its own position), so that token enters the cache twice. C2C leaves the
+    # last position unfused (the default); an ablation.
+    fuse_last: bool = False
     # Prefix mode: the transmitter also decodes this many greedy tokens after its prompt and
     # shares their cache too (small transmitters form the answer after their last KV layer,
     # so the cache of the prompt alone may not hold it).
@@ -68,8 +82,14 @@ class FuserConfig:
         if self.mode not in FUSION_MODES:
             raise PlasticError(f"unknown fusion mode {self.mode!r}; choose one of "
                                f"{', '.join(FUSION_MODES)}")
-        if self.rank < 1:
-            raise PlasticError(f"fuser rank must be >= 1, not {self.rank}")
+        if self.kind not in FUSER_KINDS:
+            raise PlasticError(f"unknown fuser kind {self.kind!r}; choose one of "
+                               f"{', '.join(FUSER_KINDS)}")
+        if self.rank < 1 or self.hidden < 1:
+            raise PlasticError(f"fuser rank and hidden must be >= 1, not {self.rank}, "
+                               f"{self.hidden}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PlasticError(f"fuser dropout must be in [0, 1), not {self.dropout}")
         if self.share not in SHARE_MODES:
             raise PlasticError(f"unknown share {self.share!r}; choose one of "
                                f"{', '.join(SHARE_MODES)}")
@@ -90,7 +110,7 @@ class FuserConfig:
                    transmitter_rope_scaling=transmitter.rope_scaling, **kw)
 
 
-class LayerFuser(nn.Module):
+class LowRankLayerFuser(nn.Module):
     """concat(K_t, V_t) per token -> rank-r code -> receiver K, V, per-head weight; one gate."""
 
     def __init__(self, in_width: int, heads: int, head_dim: int, rank: int):
@@ -129,6 +149,90 @@ class LayerFuser(nn.Module):
         return heads(k) * scale, heads(v) * scale
 
 
+class ResidualBlock(nn.Module):
+    """x + dropout(W2 gelu(W1 rmsnorm(x)))."""
+
+    def __init__(self, width: int, dropout: float):
+        super().__init__()
+        self.norm = nn.RMSNorm(width)
+        self.up = nn.Linear(width, width)
+        self.down = nn.Linear(width, width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.down(nn.functional.gelu(self.up(self.norm(x)))))
+
+
+class C2CPath(nn.Module):
+    """One of C2C's two paths (K or V): concat(transmitter, receiver) per token -> hidden ->
+    2 residual blocks -> receiver width, plus a sigmoid weight per head from the hidden."""
+
+    def __init__(self, t_width: int, r_width: int, heads: int, hidden: int, dropout: float):
+        super().__init__()
+        # the two caches live at different scales: each is RMS-normalised before the concat
+        self.t_norm, self.r_norm = nn.RMSNorm(t_width), nn.RMSNorm(r_width)
+        self.inp = nn.Linear(t_width + r_width, hidden)
+        self.blocks = nn.Sequential(ResidualBlock(hidden, dropout), ResidualBlock(hidden, dropout))
+        self.out_norm = nn.RMSNorm(hidden)
+        self.out = nn.Linear(hidden, r_width)
+        self.head_weight = nn.Linear(hidden, heads)
+        # zero output map: an untrained fuser leaves the receiver's cache as it was
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, t: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """t [B,T,t_width], r [B,T,r_width] -> (projection [B,T,r_width], weight [B,T,H])."""
+        h = self.blocks(self.inp(torch.cat([self.t_norm(t), self.r_norm(r)], dim=-1)))
+        h = self.out_norm(h)
+        return self.out(h), torch.sigmoid(self.head_weight(h))
+
+
+class C2CLayerFuser(nn.Module):
+    """C2C's fuser for one receiver layer: K and V paths, each with its own layer gate."""
+
+    def __init__(self, t_heads: int, t_dim: int, heads: int, head_dim: int, hidden: int,
+                 dropout: float):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        t_width, r_width = t_heads * t_dim, heads * head_dim
+        self.key_path = C2CPath(t_width, r_width, heads, hidden, dropout)
+        self.value_path = C2CPath(t_width, r_width, heads, hidden, dropout)
+        # logits of the K and V layer gates; 0 = a fair coin at the start of training
+        self.gate_logits = nn.Parameter(torch.zeros(2))
+        self.temperature = 1.0  # set by the trainer's schedule; unused at inference
+
+    def gates(self) -> torch.Tensor:
+        """[2] (K, V) gate values: Gumbel-sigmoid samples while training, hard 0/1 otherwise."""
+        if not self.training:
+            return (self.gate_logits > 0).to(self.gate_logits.dtype)
+        u = torch.rand_like(self.gate_logits).clamp(1e-6, 1 - 1e-6)
+        noise = torch.log(u) - torch.log1p(-u)
+        return torch.sigmoid((self.gate_logits + noise) / self.temperature)
+
+    def forward(self, t_keys: torch.Tensor, t_values: torch.Tensor,
+                r_keys: torch.Tensor | None = None, r_values: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transmitter K/V [B, Ht, T, Dt] (un-rotated), receiver K/V [B, Hr, T, Dr] or None
+        (prefix fusion: zeros) -> gated, weighted K and V [B, Hr, T, Dr] (K un-rotated)."""
+        b, _, t, _ = t_keys.shape
+
+        def tokens(z):  # [B, H, T, D] -> [B, T, H*D]
+            return z.permute(0, 2, 1, 3).reshape(b, t, -1).float()
+
+        def heads(z):
+            return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+        width = self.heads * self.head_dim
+        rk = tokens(r_keys) if r_keys is not None else t_keys.new_zeros(b, t, width).float()
+        rv = tokens(r_values) if r_values is not None else t_keys.new_zeros(b, t, width).float()
+        gate_k, gate_v = self.gates()
+        k, wk = self.key_path(tokens(t_keys), rk)
+        v, wv = self.value_path(tokens(t_values), rv)
+        k = heads(k) * (gate_k * wk).transpose(1, 2)[..., None]
+        v = heads(v) * (gate_v * wv).transpose(1, 2)[..., None]
+        return k, v
+
+
 class Fuser(nn.Module):
     """The fuser set for one ordered (transmitter -> receiver) pair."""
 
@@ -136,10 +240,16 @@ class Fuser(nn.Module):
                  transmitter_inv_freq: torch.Tensor):
         super().__init__()
         self.config = config
-        in_width = 2 * config.transmitter_kv_heads * config.transmitter_head_dim
-        self.layers = nn.ModuleList(
-            LayerFuser(in_width, config.receiver_kv_heads, config.receiver_head_dim, config.rank)
-            for _ in range(config.receiver_layers))
+        c = config
+        if c.kind == "c2c":
+            layers = (C2CLayerFuser(c.transmitter_kv_heads, c.transmitter_head_dim,
+                                    c.receiver_kv_heads, c.receiver_head_dim, c.hidden, c.dropout)
+                      for _ in range(c.receiver_layers))
+        else:
+            in_width = 2 * c.transmitter_kv_heads * c.transmitter_head_dim
+            layers = (LowRankLayerFuser(in_width, c.receiver_kv_heads, c.receiver_head_dim,
+                                        c.rank) for _ in range(c.receiver_layers))
+        self.layers = nn.ModuleList(layers)
         self.register_buffer("receiver_inv_freq", receiver_inv_freq.float().clone())
         self.register_buffer("transmitter_inv_freq", transmitter_inv_freq.float().clone())
 
@@ -151,6 +261,20 @@ class Fuser(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def set_temperature(self, temperature: float) -> None:
+        """The Gumbel-sigmoid temperature of every C2C layer gate (training only)."""
+        for layer in self.layers:
+            layer.temperature = float(temperature)
+
+    def gates_on(self) -> dict[str, list[int]]:
+        """C2C: the receiver layers whose K and V gates are on at inference (the learned
+        layer selection); lowrank fusers have soft gates and report every layer."""
+        if self.config.kind != "c2c":
+            every = list(range(len(self.layers)))
+            return {"keys": every, "values": every}
+        return {"keys": [i for i, f in enumerate(self.layers) if f.gate_logits[0] > 0],
+                "values": [i for i, f in enumerate(self.layers) if f.gate_logits[1] > 0]}
 
     @property
     def transmitter_layers_read(self) -> list[int]:
@@ -247,7 +371,10 @@ class Fuser(nn.Module):
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "
                                f"{WEIGHTS_NAME}); train one with `plasticlm refine train-fuser`")
-        config = FuserConfig(**json.loads((folder / CONFIG_NAME).read_text()))
+        saved = json.loads((folder / CONFIG_NAME).read_text())
+        saved.setdefault("kind", "lowrank")       # folders written before there were kinds
+        saved.setdefault("fuse_last", True)
+        config = FuserConfig(**saved)
         state = load_file(str(folder / WEIGHTS_NAME))
         fuser = cls(config, state["receiver_inv_freq"], state["transmitter_inv_freq"])
         fuser.load_state_dict(state)

@@ -3,9 +3,8 @@
 Every mode first *prepares* the receiver's state for a prompt (a KV cache, fused or not, and
 the receiver tokens still to run), then scores answer choices or decodes from it. Aligned
 fusion follows C2C: receiver prefill, transmitter prefill, fusion into the receiver cache,
-then the last prompt token runs on the fused cache (with ``fuse_last``, the default, the
-cache covers the whole prompt and the last token runs again at its own position; C2C stops
-the cache one token earlier). Prefix fusion
+then the last prompt token runs unfused on the fused cache (with the ``fuse_last`` ablation the
+cache covers the whole prompt and the last token runs again at its own position). Prefix fusion
 (the private mode: transmitters encode a rephrased prompt) puts the projected transmitter
 cache after the receiver's BOS and runs the prompt after it.
 """

@@ -1,7 +1,15 @@
 """Training a fuser: both LLMs frozen, receiver next-token cross-entropy on answer tokens.
 
 Because both models are frozen, their caches of every training prompt are computed once;
-each step then costs one fuser pass and one receiver forward over the answer tokens.
+each step then costs one fuser pass and one receiver forward over the answer tokens per
+example of the batch. A batch is ``batch_size`` examples whose losses are averaged before one
+AdamW step (examples differ in length; summing per-example gradients needs no padding). The
+C2C layer gates' Gumbel-sigmoid temperature anneals geometrically from ``temperature_start``
+to ``temperature_end`` over training.
+
+Two uses: :func:`general_examples` gives C2C's general pre-training data (the world's corpus
+continuations and Q/A lines, no private fact); task examples (:func:`make_examples`) train a
+task-specific fuser.
 """
 
 from __future__ import annotations
@@ -26,18 +34,24 @@ from plasticlm.refine.rephrase import rephrase
 class FuserTrainConfig:
     """Fuser shape and optimiser (AdamW, linear warm-up then cosine, grad clip as in C2C)."""
 
-    rank: int = 32
+    kind: str = "c2c"              # see FuserConfig.kind
+    rank: int = 32                 # lowrank
+    hidden: int = 128              # c2c
+    dropout: float = 0.1           # c2c
     layer_map: str = "last"
     mode: str = "aligned"
     private: bool = False          # prefix mode: the transmitter reads rephrased prompts
-    fuse_last: bool = True         # aligned mode: see FuserConfig.fuse_last
+    fuse_last: bool = False        # aligned mode: see FuserConfig.fuse_last
     draft_tokens: int = 0          # prefix mode: see FuserConfig.draft_tokens
     share: str = "all"             # prefix mode: see FuserConfig.share
-    epochs: int = 10
-    lr: float = 2e-3
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 1e-3
     warmup_fraction: float = 0.1
     grad_clip: float = 1.0
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01
+    temperature_start: float = 1.0  # c2c gates: Gumbel-sigmoid temperature schedule
+    temperature_end: float = 0.001
     seed: int = 0
 
 
@@ -63,7 +77,7 @@ class _Prepared:
 
 
 def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
-             fuse_last: bool = True, draft_tokens: int = 0) -> _Prepared:
+             fuse_last: bool = False, draft_tokens: int = 0) -> _Prepared:
     r_ids = _ids(receiver.tokenizer, ex.prompt)
     answer = continuation_ids(receiver.tokenizer, r_ids, ex.prompt, ex.answer)
     if mode == "aligned":
@@ -106,6 +120,31 @@ def answer_loss(receiver_model, state: KVCache, tail: list[int], answer: list[in
     return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
+def general_examples(texts: list[str], n: int, seed: int = 0, max_answer_words: int = 12
+                     ) -> list[Example]:
+    """Up to ``n`` (context, continuation) examples from general documents: a Q/A line
+    ``Q: ... A: x.`` gives prompt ``Q: ... A:`` and answer `` x``; a narrative document cut
+    after a sentence gives the sentences so far and the start of the next sentence (at most
+    ``max_answer_words`` words). Deterministic by ``seed``."""
+    rng = random.Random(seed)
+    out: list[Example] = []
+    for text in texts:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if lines and all(ln.startswith("Q: ") and " A: " in ln for ln in lines):
+            for ln in lines:
+                question, _, answer = ln.partition(" A: ")
+                out.append(Example(question + " A:", qa_continuation(answer.rstrip("."))))
+            continue
+        sentences = [x.strip() + "." for x in " ".join(lines).split(". ") if x.strip()]
+        if len(sentences) < 2:
+            continue
+        cut = rng.randrange(1, len(sentences))
+        nxt = sentences[cut].rstrip(".").split()[:max_answer_words]
+        out.append(Example(" ".join(sentences[:cut]), " " + " ".join(nxt)))
+    rng.shuffle(out)
+    return out[:n]
+
+
 def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | None = None
                   ) -> list[Example]:
     """Examples from MC records: prompt ``prompt_fn(question)``, answer `` <right choice>``;
@@ -131,17 +170,23 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
         raise PlasticError("no training examples for the fuser")
     if cfg.private and cfg.mode != "prefix":
         raise PlasticError("private training (rephrased transmitter prompts) needs mode=prefix")
+    if cfg.epochs < 1 or cfg.batch_size < 1:
+        raise PlasticError(f"fuser training needs epochs >= 1 and batch_size >= 1; got "
+                           f"{cfg.epochs}, {cfg.batch_size}")
     torch.manual_seed(cfg.seed)
-    fuser = Fuser.for_pair(receiver.layout, transmitter.layout, rank=cfg.rank,
+    fuser = Fuser.for_pair(receiver.layout, transmitter.layout, kind=cfg.kind, rank=cfg.rank,
+                           hidden=cfg.hidden, dropout=cfg.dropout,
                            layer_map=cfg.layer_map, mode=cfg.mode, receiver_name=receiver.name,
                            transmitter_name=transmitter.name, fuse_last=cfg.fuse_last,
                            draft_tokens=cfg.draft_tokens, share=cfg.share)
     device = next(receiver.model.parameters()).device
     fuser.to(device)
     prepared = [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
-                for ex in examples]
-    steps = cfg.epochs * len(prepared)
+                for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]
+    per_epoch = math.ceil(len(prepared) / cfg.batch_size)
+    steps = cfg.epochs * per_epoch
     warmup = max(1, int(cfg.warmup_fraction * steps))
+    decay = (cfg.temperature_end / cfg.temperature_start) ** (1 / max(1, steps - 1))
     opt = torch.optim.AdamW(fuser.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def schedule(step: int) -> float:
@@ -163,21 +208,25 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
         for _ in range(cfg.epochs):
             order = list(range(len(prepared)))
             rng.shuffle(order)
-            for i in order:
-                p = prepared[i]
-                loss = answer_loss(receiver.model, fused_state(fuser, p, receiver.layout),
-                                   p.tail, p.answer, p.start)
+            for b in range(per_epoch):
+                batch = [prepared[i] for i in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
+                fuser.set_temperature(cfg.temperature_start * decay ** len(losses))
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                total = 0.0
+                for p in batch:
+                    loss = answer_loss(receiver.model, fused_state(fuser, p, receiver.layout),
+                                       p.tail, p.answer, p.start) / len(batch)
+                    loss.backward()
+                    total += loss.item()
                 torch.nn.utils.clip_grad_norm_(fuser.parameters(), cfg.grad_clip)
                 opt.step()
                 sched.step()
-                losses.append(loss.item())
+                losses.append(total)
                 if log is not None and len(losses) % 20 == 0:
                     log(step=len(losses), loss=sum(losses[-20:]) / 20,
                         lr=sched.get_last_lr()[0])
                 bar.update()
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                bar.set_postfix(loss=f"{total:.3f}")
         bar.close()
     finally:
         for p, flag in frozen:
