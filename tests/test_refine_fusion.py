@@ -2,6 +2,7 @@
 hard at inference, and transfer is measured on entities the fuser never saw, against a
 control transmitter of the same shape that does not know the facts."""
 
+import json
 import random
 
 import pytest
@@ -184,3 +185,39 @@ def test_fuser_transfers_to_unseen_entities_beyond_a_control_transmitter(pair):
     with_spec = _accuracy(FedRefine(receiver, [Link(specialist, spec_fuser)]), unseen, "c2c")
     with_ctrl = _accuracy(FedRefine(receiver, [Link(control, ctrl_fuser)]), unseen, "c2c")
     assert with_spec >= with_ctrl + 0.25, (with_spec, with_ctrl)
+
+
+def test_probe_reads_the_specialists_answer_from_its_cache(pair):
+    """A linear probe trained on 20 entities reads the organ of 12 others from the
+    specialist's last-layer cache at the last prompt token, and not from the control's
+    (measured 83% vs 33%, n = 12)."""
+    from plasticlm.refine.probe import ProbeItem, probe_table
+
+    _, specialist, control, facts = pair
+    seen, unseen = _split(facts)
+
+    def items(fs):
+        return [ProbeItem(_question(n), tuple(_choices(n, v)), _choices(n, v).index(v))
+                for n, v in fs.items()]
+
+    last = (2, "last")
+    spec = probe_table(specialist, items(seen), items(unseen))[last]
+    ctrl = probe_table(control, items(seen), items(unseen))[last]
+    assert sum(spec) / len(spec) >= sum(ctrl) / len(ctrl) + 0.3
+
+
+def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, capsys):
+    from plasticlm.cli import main
+    from plasticlm.refine.transfer import entity_of
+
+    assert entity_of("Which organ does Quinemab act on?") == "Quinemab"
+    out = tmp_path / "transfer"
+    assert main(["refine", "experiment", "transfer", "--quick", f"out={out}",
+                 "progress=false"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = report["results"]
+    for row in ("c2c, general fuser", "c2c, task fuser", "c2c, task fuser, fuse_last", "t2t",
+                "transmitter alone"):
+        assert f"{row}, specialist" in rows and f"{row}, control" in rows
+        assert "minus_control" in rows[f"{row}, specialist"]
+    assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out

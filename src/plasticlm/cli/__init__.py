@@ -30,7 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may also follow an option (`experiment transfer --quick seeds=1`),
+    # which argparse cannot give to a positional list it has already closed
+    if extra and isinstance(getattr(args, "overrides", None), list) \
+            and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         with threads(args.global_threads):  # the thread policy, set once (plasticlm.runs)
             return args.func(args) or 0

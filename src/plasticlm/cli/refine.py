@@ -46,11 +46,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=_ask)
 
     q = rsub.add_parser("experiment", help="accuracy, latency and bytes of every mode",
-                        description="Train fusers and measure every mode on MC questions; "
-                        "writes report.json, table.md, metrics.jsonl and PNG plots.")
-    q.add_argument("--config", help="TOML/YAML/JSON with ExperimentConfig fields")
+                        description="'modes' (the default): train fusers and measure every "
+                        "mode on MC questions; writes report.json, table.md, metrics.jsonl and "
+                        "PNG plots. 'transfer': the probe gate and held-out transfer of "
+                        "general and task fusers, each beside a control transmitter.")
+    q.add_argument("--config", help="TOML/YAML/JSON with ExperimentConfig (modes) or "
+                   "TransferConfig (transfer) fields")
+    q.add_argument("--quick", action="store_true", help="transfer: a smoke test on the "
+                   "quick preset in about a minute")
     q.add_argument("overrides", nargs="*",
-                   help="key=value, e.g. receiver=quick:receiver fuser.epochs=2 out=runs/x")
+                   help="[modes|transfer] then key=value, e.g. receiver=quick:receiver "
+                   "fuser.epochs=2 out=runs/x")
     q.set_defaults(func=_experiment)
 
 
@@ -123,11 +129,29 @@ def _ask(args) -> int:
     return 0
 
 
+QUICK_TRANSFER = ["receiver=quick:receiver", "specialist=quick:specialist",
+                  "control=quick:transmitter-llama", "general_examples=32", "seeds=1",
+                  "max_eval=12", "fuser.epochs=1", "fuser.hidden=16", "task_epochs=1",
+                  "t2t_max_new_tokens=2", "out=runs/refine-transfer-quick"]
+
+
 def _experiment(args) -> int:
     from plasticlm.config import load_config
+    from plasticlm.errors import PlasticError
     from plasticlm.refine.experiment import ExperimentConfig, run_experiment
 
-    cfg = load_config(ExperimentConfig, args.config, args.overrides)
+    overrides = list(args.overrides)
+    name = overrides.pop(0) if overrides and "=" not in overrides[0] else "modes"
+    if name not in ("modes", "transfer"):
+        raise PlasticError(f"unknown refine experiment {name!r}; choose 'modes' or 'transfer'")
+    if name == "transfer":
+        from plasticlm.refine.transfer import TransferConfig, run_transfer, transfer_table
+
+        cfg = load_config(TransferConfig, args.config,
+                          (QUICK_TRANSFER if args.quick else []) + overrides)
+        print(transfer_table(run_transfer(cfg)))
+        return 0
+    cfg = load_config(ExperimentConfig, args.config, overrides)
     report = run_experiment(cfg)
     from plasticlm.refine.experiment import markdown_table
 

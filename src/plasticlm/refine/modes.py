@@ -49,10 +49,11 @@ class Peer:
 
 @dataclass
 class Link:
-    """A transmitter and the fuser that carries its cache into the receiver."""
+    """A transmitter and the fuser that carries its cache into the receiver (None: the
+    transmitter can only help by text, mode t2t)."""
 
     peer: Peer
-    fuser: Fuser
+    fuser: Fuser | None = None
 
 
 @dataclass
@@ -147,7 +148,8 @@ class FedRefine:
         if self.config.order not in ORDERS:
             raise PlasticError(f"unknown order {self.config.order!r}; use one of {ORDERS}")
         for link in self.links:
-            link.fuser.check(receiver.layout, link.peer.layout)
+            if link.fuser is not None:
+                link.fuser.check(receiver.layout, link.peer.layout)
 
     # -- preparing the receiver's state ------------------------------------------------------
 
@@ -206,6 +208,11 @@ class FedRefine:
         return prep
 
     def _fused(self, prompt: str, links: list[Link]) -> Prepared:
+        missing = [link.peer.name for link in links if link.fuser is None]
+        if missing:
+            raise PlasticError(f"transmitter(s) {missing} have no fuser: cache fusion needs "
+                               "one per transmitter (train it with `plasticlm refine "
+                               "train-fuser`), or use mode t2t")
         modes = {link.fuser.config.mode for link in links}
         if len(modes) > 1:
             raise PlasticError("all transmitters' fusers must use the same fusion mode "
