@@ -221,3 +221,34 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
         assert f"{row}, specialist" in rows and f"{row}, control" in rows
         assert "minus_control" in rows[f"{row}, specialist"]
     assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out
+
+
+def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
+    """Fused caches of different lengths, stacked with left padding, give each example the
+    loss it has alone (aligned and prefix fusion)."""
+    from plasticlm.eval import pad_id_of
+    from plasticlm.refine.train import (_prepare, answer_loss, batch_answer_loss,
+                                        fused_batch_state, fused_state)
+
+    receiver, specialist, _, facts = pair
+    names = sorted(facts)[:3]
+    examples = [Example(_question(n) + " Tell me" * i, " " + facts[n]) for i, n in enumerate(names)]
+    for mode in ("aligned", "prefix"):
+        fuser = Fuser.for_pair(receiver.layout, specialist.layout, hidden=16, mode=mode).eval()
+        with torch.no_grad():
+            for name, p in fuser.named_parameters():
+                if name.endswith("out.weight"):
+                    p.normal_(std=0.3)
+                elif name.endswith("gate_logits"):
+                    p.fill_(2.0)
+        batch = [_prepare(receiver, specialist, ex, mode) for ex in examples]
+        assert len({p.own.length if p.own is not None else 0 for p in batch} |
+                   {p.transmitter.length for p in batch}) > 1
+        with torch.no_grad():
+            states = [fused_state(fuser, p, receiver.layout) for p in batch]
+            single = [float(answer_loss(receiver.model, s, p.tail, p.answer, p.start))
+                      for s, p in zip(states, batch)]
+            joint = float(batch_answer_loss(receiver.model, pad_id_of(receiver.tokenizer),
+                                            fused_batch_state(fuser, batch, receiver.layout),
+                                            batch))
+        assert joint == pytest.approx(sum(single) / len(single), abs=1e-5)

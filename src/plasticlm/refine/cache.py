@@ -107,6 +107,31 @@ class KVCache:
                        self.mask.expand(n, -1), self.model_name)
 
 
+def stack_caches(caches: list[KVCache]) -> KVCache:
+    """Batch-1 caches of one model stacked into one batch, left-padded to the longest (padding
+    is masked out; each row keeps its own positions)."""
+    if any(c.keys[0].shape[0] != 1 for c in caches):
+        raise PlasticError("stack_caches() needs batch-1 caches")
+    width = max(c.length for c in caches)
+
+    def pad(x: torch.Tensor, dim: int) -> torch.Tensor:
+        missing = width - x.shape[dim]
+        if missing == 0:
+            return x
+        shape = list(x.shape)
+        shape[dim] = missing
+        return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+    first = caches[0]
+    return KVCache(first.layout,
+                   [torch.cat([pad(c.keys[l], 2) for c in caches]) for l in range(first.num_layers)],
+                   [torch.cat([pad(c.values[l], 2) for c in caches])
+                    for l in range(first.num_layers)],
+                   torch.cat([pad(c.token_ids, 1) for c in caches]),
+                   torch.cat([pad(c.positions, 1) for c in caches]),
+                   torch.cat([pad(c.mask, 1) for c in caches]), first.model_name)
+
+
 def build_dynamic_cache(keys: list[torch.Tensor], values: list[torch.Tensor]):
     """A ``DynamicCache`` whose layer ``l`` holds ``keys[l]``/``values[l]`` [B, H, T, D]."""
     from transformers import DynamicCache

@@ -1,9 +1,9 @@
 """Training a fuser: both LLMs frozen, receiver next-token cross-entropy on answer tokens.
 
 Because both models are frozen, their caches of every training prompt are computed once;
-each step then costs one fuser pass and one receiver forward over the answer tokens per
-example of the batch. A batch is ``batch_size`` examples whose losses are averaged before one
-AdamW step (examples differ in length; summing per-example gradients needs no padding). The
+each step then costs one fuser pass per example and one receiver forward over the batch's
+answer tokens (fused caches left-padded, answers right-padded; the loss is the mean of the
+examples' mean answer cross-entropies). The
 C2C layer gates' Gumbel-sigmoid temperature anneals geometrically from ``temperature_start``
 to ``temperature_end`` over training.
 
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation
 from plasticlm.refine.align import align_tokens
-from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache
+from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.fuser import Fuser, concat_caches
 from plasticlm.refine.modes import Peer, _ids, _row, continuation_ids, transmitter_ids
 from plasticlm.refine.rephrase import rephrase
@@ -145,6 +145,38 @@ def general_examples(texts: list[str], n: int, seed: int = 0, max_answer_words: 
     return out[:n]
 
 
+def fused_batch_state(fuser: Fuser, batch: list[_Prepared], receiver_layout) -> KVCache:
+    """The fused states of a batch, stacked (left-padded). Aligned fusion runs once on the
+    stacked caches (each row's transmitter index shifted by its padding); prefix fusion runs
+    per example."""
+    if fuser.config.mode != "aligned":
+        return stack_caches([fused_state(fuser, p, receiver_layout) for p in batch])
+    own = stack_caches([p.own for p in batch])
+    sent = stack_caches([p.transmitter for p in batch])
+    index = torch.zeros(len(batch), own.length, dtype=torch.long)
+    for i, p in enumerate(batch):
+        index[i, own.length - p.own.length:] = p.index[0] + (sent.length - p.transmitter.length)
+    return fuser.fuse_aligned(own, sent, index)
+
+
+def batch_answer_loss(receiver_model, pad_id: int, state: KVCache, batch: list[_Prepared]
+                      ) -> torch.Tensor:
+    """The mean over examples of :func:`answer_loss`, in one receiver forward from the
+    stacked states (:func:`fused_batch_state`), each example's tail + answer right-padded."""
+    from plasticlm.eval import pad_batch
+
+    ids, mask = pad_batch([p.tail + p.answer[:-1] for p in batch], pad_id)
+    starts = torch.tensor([p.start if p.start is not None else int(state.mask[i].sum())
+                           for i, p in enumerate(batch)])
+    logits = continue_from_cache(receiver_model, state, ids, mask, start_positions=starts)
+    losses = []
+    for i, p in enumerate(batch):
+        rows = logits[i, len(p.tail) - 1: len(p.tail) - 1 + len(p.answer)]
+        target = torch.tensor(p.answer, device=rows.device)
+        losses.append(torch.nn.functional.cross_entropy(rows.float(), target))
+    return torch.stack(losses).mean()
+
+
 def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | None = None
                   ) -> list[Example]:
     """Examples from MC records: prompt ``prompt_fn(question)``, answer `` <right choice>``;
@@ -199,6 +231,9 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
               for p in m.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
+    from plasticlm.eval import pad_id_of
+
+    pad_id = pad_id_of(receiver.tokenizer)
     rng = random.Random(cfg.seed)
     losses: list[float] = []
     fuser.train()
@@ -212,12 +247,10 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                 batch = [prepared[i] for i in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
                 fuser.set_temperature(cfg.temperature_start * decay ** len(losses))
                 opt.zero_grad(set_to_none=True)
-                total = 0.0
-                for p in batch:
-                    loss = answer_loss(receiver.model, fused_state(fuser, p, receiver.layout),
-                                       p.tail, p.answer, p.start) / len(batch)
-                    loss.backward()
-                    total += loss.item()
+                state = fused_batch_state(fuser, batch, receiver.layout)
+                loss = batch_answer_loss(receiver.model, pad_id, state, batch)
+                loss.backward()
+                total = loss.item()
                 torch.nn.utils.clip_grad_norm_(fuser.parameters(), cfg.grad_clip)
                 opt.step()
                 sched.step()
