@@ -69,16 +69,17 @@ def test_grammar_masks(tiny):
     g = LayerGrammar(tok, 12, max_layers=2)
     start = g.start()
     digits = [t for t, s in g.token_text.items() if s[0].isdigit()]
-    assert not g.allowed(start)[digits].any()          # must begin with "layers: "
+    assert g.allowed(start)[digits].any()               # the prompt ends with "layers: "
     assert not g.allowed(start)[g.end_id]              # nothing yet: cannot end
-    s = g.step_text(start, "layers: 1")
+    s = g.step_text(start, "1")
     assert g.accepting(s) and g.allowed(s)[g.end_id]   # "1" is complete ...
     assert g.step_text(s, "1") is not None             # ... and "11" too (< 12)
     assert g.step_text(s, "2") is None                 # "12" is out of range
-    assert g.step_text(start, "layers: 01") is None    # no leading zeros
-    s2 = g.step_text(start, "layers: 3, ")
+    assert g.step_text(start, "01") is None            # no leading zeros
+    assert g.step_text(start, "layers: 1") is None     # the prefix is the prompt's
+    s2 = g.step_text(start, "3, ")
     assert g.step_text(s2, "3") is None                # no duplicates
-    assert g.step_text(g.step_text(start, "layers: 3, 4"), ",") is None  # max_layers = 2
+    assert g.step_text(g.step_text(start, "3, 4"), ",") is None  # max_layers = 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,10 +98,10 @@ def test_any_walk_through_the_grammar_is_a_valid_action(tiny, data):
         state = g.advance(state, tid)
     else:
         pytest.fail("the walk did not end within 40 tokens")
-    p = parse_layers(text, n)
+    p = parse_layers("layers: " + text, n)
     assert p.valid and 1 <= len(p.layers) <= g.max_layers
     nums = [int(x) for x in re.findall(r"\d+", text)]
-    assert text.startswith("layers: ") and len(nums) == len(set(nums)) == len(p.layers)
+    assert len(nums) == len(set(nums)) == len(p.layers)
 
 
 def test_constrained_sampling_of_an_untrained_model_gives_valid_actions(tiny):
@@ -127,12 +128,31 @@ def test_completion_logprob_and_entropy(tiny):
     from plasticlm.eval import encode_with_bos
 
     ids = encode_with_bos(tok, prompt)
+    assert ids[-len(tok("layers: ", add_special_tokens=False)["input_ids"]):] == \
+        tok("layers: ", add_special_tokens=False)["input_ids"]  # the prompt ends with it
     lp = completion_logprob(model, ids, a.token_ids)
-    # Reference: sum of per-token log-probs from a full forward, averaged.
+    # Reference: sum of per-token log-probs from a full forward.
     full = torch.tensor([ids + a.token_ids])
     with torch.no_grad():
-        logits = model(input_ids=full).logits[0].log_softmax(-1)
+        raw = model(input_ids=full).logits[0]
+    logits = raw.log_softmax(-1)
     ref = sum(float(logits[len(ids) - 1 + j, t]) for j, t in enumerate(a.token_ids))
-    assert float(lp.detach()) == pytest.approx(ref / len(a.token_ids), abs=1e-5)
+    assert float(lp.detach()) == pytest.approx(ref, abs=1e-4)
+    # With the grammar: renormalised over the allowed tokens, forced tokens left out. By
+    # hand: "3" then the end token with at most 1 layer -> the end is forced.
+    g1 = LayerGrammar(tok, 4, max_layers=1)
+    three = [t for t, s in g1.token_text.items() if s == "3"][0]
+    comp = [three, g1.end_id]
+    masked = completion_logprob(model, ids, comp, g1)
+    with torch.no_grad():
+        step0 = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    allowed = g1.allowed(g1.start())
+    assert int(allowed.sum()) > 1 and g1.allowed(g1.advance(g1.start(), three)).sum() == 1
+    by_hand = float(step0[three] - torch.logsumexp(step0[allowed], 0))
+    assert float(masked.detach()) == pytest.approx(by_hand, abs=1e-4)
+    # one layer of one: every token is forced and the completion carries no choice
+    g0 = LayerGrammar(tok, 1)
+    zero = [t for t, s in g0.token_text.items() if s == "0"][0]
+    assert float(completion_logprob(model, ids, [zero, g0.end_id], g0).detach()) == 0.0
     ent = constrained_entropy(model, ids, a.token_ids, g)
     assert ent.requires_grad and 0 <= float(ent.detach()) <= torch.log(torch.tensor(300.0))

@@ -213,21 +213,23 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
 def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.optim.Optimizer,
                cfg: SCoLConfig, grammar: LayerGrammar | None = None) -> dict:
     """``cfg.ipo_epochs`` IPO steps on ``policy`` over all ``pairs`` (one step per epoch,
-    gradients accumulated pair by pair); returns the loss and mean h before and after."""
+    gradients accumulated pair by pair); returns the loss and mean h before and after.
+    With ``grammar`` the log-probs are over the free tokens under the grammar-masked
+    distribution (:func:`plasticlm.scol.policy.completion_logprob`)."""
     if not pairs:
         return {"pairs": 0}
     with torch.no_grad():
         ref_w = torch.stack([completion_logprob(reference, list(p.prompt_ids),
-                                                list(p.chosen_ids)) for p in pairs])
+                                                list(p.chosen_ids), grammar) for p in pairs])
         ref_l = torch.stack([completion_logprob(reference, list(p.prompt_ids),
-                                                list(p.rejected_ids)) for p in pairs])
+                                                list(p.rejected_ids), grammar) for p in pairs])
 
     def h_values() -> torch.Tensor:
         with torch.no_grad():
-            w = torch.stack([completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids))
-                             for p in pairs])
+            w = torch.stack([completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids),
+                                                grammar) for p in pairs])
             ell = torch.stack([completion_logprob(policy, list(p.prompt_ids),
-                                                  list(p.rejected_ids)) for p in pairs])
+                                                  list(p.rejected_ids), grammar) for p in pairs])
         return (w - ell) - (ref_w - ref_l)
 
     target = 1.0 / (2.0 * cfg.ipo_tau)
@@ -236,8 +238,8 @@ def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.op
     for _ in range(cfg.ipo_epochs):
         opt.zero_grad(set_to_none=True)
         for i, p in enumerate(pairs):
-            lw = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids))
-            ll = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids))
+            lw = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids), grammar)
+            ll = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids), grammar)
             loss = ipo_loss(lw[None], ll[None], ref_w[i:i + 1], ref_l[i:i + 1], cfg.ipo_tau)
             if cfg.diversity > 0 and grammar is not None:
                 ent = (constrained_entropy(policy, list(p.prompt_ids), list(p.chosen_ids),

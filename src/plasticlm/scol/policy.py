@@ -23,10 +23,12 @@ _INTEGER = re.compile(r"-?\d+")
 
 def action_prompt(context: str, num_layers: int, max_chars: int = 2000) -> str:
     """The prompt that asks the model which of its ``num_layers`` layers should learn
-    ``context`` (the context's last ``max_chars`` characters); the answer follows it."""
+    ``context`` (the context's last ``max_chars`` characters). It ends with the forced prefix
+    ``layers: ``, so the prefix is tokenised one canonical way, with the prompt, and the
+    completion holds only the layer numbers the model chooses."""
     text = context[-max_chars:]
     return (f"{text}\n\nTo remember the text above, update some of the {num_layers} layers "
-            f"(0 to {num_layers - 1}).\n")
+            f"(0 to {num_layers - 1}).\n{PREFIX}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,9 @@ State = tuple[str, int, str, frozenset]
 
 
 class LayerGrammar:
-    """Token-level automaton for ``layers: d(, d)*`` with distinct ``d < num_layers`` and at
-    most ``max_layers`` numbers; the end token is allowed only where the text is complete.
+    """Token-level automaton for the completion ``d(, d)*`` after the prompt's ``layers: ``,
+    with distinct ``d < num_layers`` and at most ``max_layers`` numbers; the end token is
+    allowed only where the text is complete.
 
     Token texts are found by decoding each id after an anchor token, which also handles
     sentencepiece-style tokenizers that drop a leading space when a token is decoded alone.
@@ -89,7 +92,7 @@ class LayerGrammar:
             raise PlasticError("the tokenizer has no EOS token to end an action with; set "
                                "tokenizer.eos_token")
         self.vocab_size = len(tokenizer)
-        alphabet = set(PREFIX + SEPARATOR + "0123456789")
+        alphabet = set(SEPARATOR + "0123456789")
         special = set(tokenizer.all_special_ids)
         anchor = tokenizer("a", add_special_tokens=False)["input_ids"]
         base = tokenizer.decode(anchor)
@@ -104,7 +107,8 @@ class LayerGrammar:
         self._masks: dict[State, torch.Tensor] = {}
 
     def start(self) -> State:
-        return (PREFIX, 0, "", frozenset())
+        """The state right after the prompt's forced ``layers: ``."""
+        return (PREFIX, len(PREFIX), "", frozenset())
 
     def _prefix_ok(self, digits: str, chosen: frozenset) -> bool:
         if len(digits) > 1 and digits[0] == "0":
@@ -223,19 +227,32 @@ def sample_actions(model, tokenizer, prompt: str, grammar: LayerGrammar, k: int 
         logits = out.logits[:, -1].float()
     actions = []
     for comp in completions:
-        text = "".join(grammar.token_text.get(t, "") for t in comp if t != grammar.end_id)
+        text = PREFIX + "".join(grammar.token_text.get(t, "") for t in comp
+                                if t != grammar.end_id)
         parsed = parse_layers(text, grammar.num_layers)
         actions.append(Action(text, comp, parsed.layers, parsed))
     return actions
 
 
-def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
-    """Mean log-prob (differentiable scalar) of ``completion_ids`` after ``prompt_ids``."""
+def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int],
+                       grammar: LayerGrammar | None = None) -> torch.Tensor:
+    """Log-prob (differentiable scalar) of ``completion_ids`` after ``prompt_ids``: the sum
+    over its tokens; with ``grammar``, under the grammar-masked (renormalised) distribution
+    and over the free tokens only (a token the grammar forces has probability 1, and adds
+    nothing that the policy chose)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids + completion_ids], device=device)
     logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1].float()
     target = ids[0, len(prompt_ids):]
-    return (logits.log_softmax(-1).gather(-1, target[:, None]).squeeze(-1)).mean()
+    if grammar is None:
+        return logits.log_softmax(-1).gather(-1, target[:, None]).sum()
+    masks = torch.stack(grammar.masks_for(completion_ids)).to(device)
+    if masks.shape[0] != len(completion_ids):
+        raise PlasticError("the completion leaves the action grammar before its last token")
+    logp = logits.masked_fill(~masks, float("-inf")).log_softmax(-1)
+    chosen = logp.gather(-1, target[:, None]).squeeze(-1)
+    free = masks.sum(-1) > 1
+    return (chosen * free).sum()
 
 
 def constrained_entropy(model, prompt_ids: list[int], completion_ids: list[int],
