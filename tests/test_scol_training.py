@@ -175,6 +175,7 @@ def test_stream_consolidation_and_meta_training_resume(tiny, tmp_path):
     for r in records:  # the committed candidate is the best one
         assert r.reward.total == max(c["reward"]["total"] for c in r.candidates)
     assert all(p.margin > 0 for p in pairs)
+    before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     meta_train(model, tok, train, cfg, tmp_path / "m", progress=False)
     assert (tmp_path / "m" / "checkpoint" / "model.safetensors").exists()
     cfg.outer_steps = 2
@@ -184,6 +185,20 @@ def test_stream_consolidation_and_meta_training_resume(tiny, tmp_path):
     assert steps == [0, 1]
     state = json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())
     assert state["outer_step"] == 2
+    # IPO's reference is the policy before meta-training, fixed across outer steps (and
+    # resumes); the preference buffer accumulates the steps' pairs
+    from plasticlm.models import load_causal_lm
+
+    reference, _ = load_causal_lm(tmp_path / "m" / "reference")
+    policy, _ = load_causal_lm(tmp_path / "m" / "checkpoint")
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(p.float(), before[name])
+    assert any(not torch.equal(p.float(), before[n]) for n, p in policy.named_parameters())
+    rows = [json.loads(x) for x in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["buffered_pairs"] == min(cfg.pair_buffer,
+                                            rows[0]["buffered_pairs"] + rows[1]["new_pairs"])
+    saved = json.loads((tmp_path / "m" / "checkpoint" / "pairs.json").read_text())
+    assert len(saved) == rows[1]["buffered_pairs"]
     with pytest.raises(PlasticError):
         meta_train(model, tok, train, cfg, tmp_path / "empty", resume=True, progress=False)
 

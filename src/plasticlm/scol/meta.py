@@ -67,6 +67,11 @@ class SCoLConfig:
     ipo_tau: float = 0.1
     ipo_lr: float = 5e-5
     ipo_epochs: int = 2
+    # IPO's reference: "initial" = the policy before meta-training, fixed for every outer step
+    # (IPO as specified); "step" = a copy taken at the start of each outer step
+    ipo_reference: str = "initial"
+    pair_buffer: int = 512         # preference pairs kept across outer steps (newest first);
+                                   # 0 = only the current step's pairs
     diversity: float = 0.0         # weight of the constrained-entropy bonus
     prompt_chars: int = 1500
     together: bool = True          # train the K candidates in one batch (candidates.py)
@@ -79,6 +84,11 @@ class SCoLConfig:
             raise PlasticError("k and max_layers must be >= 1")
         if self.ipo_tau <= 0:
             raise PlasticError(f"ipo_tau must be > 0, not {self.ipo_tau}")
+        if self.ipo_reference not in ("initial", "step"):
+            raise PlasticError(f"ipo_reference must be 'initial' or 'step', not "
+                               f"{self.ipo_reference!r}")
+        if self.pair_buffer < 0:
+            raise PlasticError(f"pair_buffer must be >= 0, not {self.pair_buffer}")
         if num_layers is not None and self.max_layers > num_layers:
             raise PlasticError(f"max_layers {self.max_layers} exceeds the model's "
                                f"{num_layers} layers")
@@ -280,14 +290,18 @@ def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     opt.load_state_dict(sd)
 
 
-def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict) -> Path:
-    """Policy (HF folder, safetensors), optimiser moments (safetensors) and ``state.json``,
-    written to a temporary folder then renamed so a crash never leaves half a checkpoint."""
+def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict,
+                    pairs: list[dict] | None = None) -> Path:
+    """Policy (HF folder, safetensors), optimiser moments (safetensors), the preference
+    buffer (``pairs.json``) and ``state.json``, written to a temporary folder then renamed so
+    a crash never leaves half a checkpoint."""
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _save_optimizer(opt, tmp / "optimizer.safetensors")
+    if pairs is not None:
+        (tmp / "pairs.json").write_text(json.dumps(pairs) + "\n")
     (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -308,23 +322,28 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     """Meta-train theta_0 = ``policy`` over ``streams`` for ``cfg.outer_steps`` outer steps.
 
     Each outer step consolidates one stream (cycling) from theta_0 with best-of-K commits,
-    then applies IPO to theta_0 on the step's pairs against a frozen copy of theta_0.
-    ``out/checkpoint`` holds the latest theta_0, optimiser and step; ``resume`` continues
-    from it. Metrics go to ``out/metrics.jsonl``. Returns the trained policy.
+    adds the step's preference pairs to a buffer (the newest ``cfg.pair_buffer``), then
+    applies IPO to theta_0 on the buffer against the reference (``cfg.ipo_reference``: the
+    policy before meta-training, fixed, by default). ``out/checkpoint`` holds the latest
+    theta_0, optimiser, buffer and step, ``out/reference`` the fixed reference; ``resume``
+    continues from them. Metrics go to ``out/metrics.jsonl``. Returns the trained policy.
     """
     from plasticlm.models import load_causal_lm
     from plasticlm.runs import RunDir
+    from plasticlm.scol.ipo import pairs_from_json, pairs_to_json
 
     if not streams:
         raise PlasticError("meta-training needs at least one stream of contexts")
     run = RunDir(Path(out))
-    ckpt = run.path / "checkpoint"
+    ckpt, ref_dir = run.path / "checkpoint", run.path / "reference"
     policy = float32_master(policy)
-    start = 0
+    start, buffer = 0, []
     if resume and (ckpt / "state.json").exists():
         policy, _ = load_causal_lm(ckpt)
         policy = float32_master(policy)
         start = json.loads((ckpt / "state.json").read_text())["outer_step"]
+        if (ckpt / "pairs.json").exists():
+            buffer = pairs_from_json(json.loads((ckpt / "pairs.json").read_text()))
     elif resume:
         raise PlasticError(f"nothing to resume: {ckpt} holds no checkpoint (run without "
                            "--resume to start)")
@@ -332,6 +351,17 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         run.write_json("config.json", cfg)
     n_layers = num_layers_of(policy)
     cfg.check(n_layers)
+    fixed = None
+    if cfg.ipo_reference == "initial":
+        if start and ref_dir.exists():
+            fixed, _ = load_causal_lm(ref_dir)
+            fixed = float32_master(fixed)
+        else:
+            fixed = copy.deepcopy(policy)
+            fixed.save_pretrained(ref_dir)
+        fixed.eval()
+        for p in fixed.parameters():
+            p.requires_grad_(False)
     for p in policy.parameters():
         p.requires_grad_(True)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.ipo_lr, weight_decay=0.0)
@@ -341,19 +371,26 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     for step in tqdm(range(start, cfg.outer_steps), desc="meta-train", disable=not progress):
         t0 = time.time()
         stream = streams[step % len(streams)]
-        reference = copy.deepcopy(policy).eval()
-        for p in reference.parameters():
-            p.requires_grad_(False)
+        reference = fixed
+        if reference is None:
+            reference = copy.deepcopy(policy).eval()
+            for p in reference.parameters():
+                p.requires_grad_(False)
         step_cfg = copy.deepcopy(cfg)
         step_cfg.seed = cfg.seed * 1000 + step
         _, records, pairs = consolidate_stream(copy.deepcopy(policy), tokenizer, stream,
                                                step_cfg, "best", desc=f"outer step {step}")
-        stats = ipo_update(policy, reference, pairs, opt, cfg, grammar)
+        buffer = (pairs + buffer)[: cfg.pair_buffer] if cfg.pair_buffer else pairs
+        stats = ipo_update(policy, reference, buffer, opt, cfg, grammar)
         rewards = [r.reward.total for r in records if r.reward is not None]
         run.log(outer_step=step, mean_reward=sum(rewards) / max(1, len(rewards)),
                 mean_acquisition=sum(r.reward.acquisition for r in records) / len(records),
                 mean_forgetting=sum(r.reward.forgetting for r in records) / len(records),
+                new_pairs=len(pairs), buffered_pairs=len(buffer),
+                h_target=1.0 / (2.0 * cfg.ipo_tau),
                 **stats, **action_stats(records, n_layers), seconds=round(time.time() - t0, 2))
-        save_checkpoint(ckpt, policy, tokenizer, opt, {"outer_step": step + 1})
-        del reference
+        save_checkpoint(ckpt, policy, tokenizer, opt, {"outer_step": step + 1},
+                        pairs_to_json(buffer))
+        if reference is not fixed:
+            del reference
     return policy
