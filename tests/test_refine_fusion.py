@@ -221,6 +221,14 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
         assert f"{row}, specialist" in rows and f"{row}, control" in rows
         assert "minus_control" in rows[f"{row}, specialist"]
     assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out
+    # a rerun with one more seed trains only the new seed's fusers
+    trained = len((out / "metrics.jsonl").read_text().splitlines())
+    assert main(["refine", "experiment", "transfer", "--quick", f"out={out}", "seeds=2",
+                 "rows=[\"general\"]", "progress=false"]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == trained + 2
+    again = json.loads((out / "report.json").read_text())["results"]
+    assert again["c2c, general fuser, specialist"]["seeds"] == 2
+    assert again["c2c, task fuser, specialist"]["seeds"] == 1
 
 
 def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):

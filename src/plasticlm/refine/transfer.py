@@ -15,8 +15,12 @@ task fusers train on). Rows, each beside its control:
   core-entity Q/A lines, :func:`plasticlm.refine.train.general_examples`), as C2C pre-trains;
 - C2C, task fuser: trained on the ``dev``/``val`` questions the specialist answers correctly
   (the same examples for the control, so only what the transmitter knows differs);
-- C2C, task fuser with ``fuse_last`` (the ablation that also fuses the last prompt token).
+- C2C, task fuser with ``fuse_last`` (the ablation that also fuses the last prompt token);
+- the ladder's self-fusion row: a general fuser from the receiver to itself (it must not
+  hurt).
 
+``rows`` picks which of these run. Per-item scores are kept in ``scores.json`` in the run
+folder, so a rerun with the same settings (``rows`` aside) only runs what is missing.
 Fusers train with ``seeds`` seeds; intervals are entity-clustered bootstrap intervals pooled
 over seeds, differences paired on the same items.
 """
@@ -41,6 +45,7 @@ from plasticlm.refine.probe import ProbeItem, probe_table
 from plasticlm.refine.train import Example, FuserTrainConfig, general_examples, train_fuser
 
 PROBE_GATE_PP = 15.0      # the probe must beat the control's by this much at fused positions
+ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self")
 
 
 @dataclass
@@ -57,8 +62,22 @@ class TransferConfig:
     max_eval: int = 0             # 0 = the whole test split
     max_task: int = 0             # 0 = every correctly answered dev/val question
     t2t_max_new_tokens: int = 8
+    rows: tuple[str, ...] = ROWS  # which rows run (the receiver alone always does)
     out: str = "runs/refine-transfer"
     progress: bool = True
+
+    def __post_init__(self):
+        unknown = set(self.rows) - set(ROWS)
+        if unknown:
+            raise PlasticError(f"unknown transfer rows {sorted(unknown)}; choose from {ROWS}")
+
+
+def _settings_key(cfg: TransferConfig) -> str:
+    """The settings a stored score depends on (``rows``, ``seeds``, ``out`` and ``progress``
+    aside: more seeds or rows extend a run)."""
+    kept = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("rows", "seeds", "out", "progress")}
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def entity_of(question: str) -> str:
@@ -108,53 +127,78 @@ def run_transfer(cfg: TransferConfig) -> dict:
     if overlap:
         raise PlasticError(f"test entities also appear in training: {sorted(overlap)[:3]}")
     transmitters = {"specialist": specialist, "control": control}
+    store = run.path / "scores.json"
+    key = _settings_key(cfg)
+    saved = json.loads(store.read_text()) if store.exists() else {}
+    scores: dict[str, list[list[float]]] = saved.get("scores", {}) \
+        if saved.get("settings") == key else {}
+    extra = saved.get("extra", {}) if saved.get("settings") == key else {}
+
+    def keep() -> None:
+        store.write_text(json.dumps({"settings": key, "scores": scores, "extra": extra}) + "\n")
 
     # -- the probe gate ------------------------------------------------------------------
-    probes = {name: probe_table(peer, train_items, test_items) for name, peer in
-              transmitters.items()}
+    if "probe" in cfg.rows and "probe" not in extra:
+        probes = {name: probe_table(peer, train_items, test_items) for name, peer in
+                  transmitters.items()}
+        extra["probe"] = {f"{k[0]}|{k[1]}": [probes["specialist"][k], probes["control"][k]]
+                          for k in sorted(probes["specialist"])}
+        keep()
     probe_rows = {}
-    for key in sorted(probes["specialist"]):
-        s, c = probes["specialist"][key], probes["control"][key]
-        d = pooled_bootstrap_ci([s], baseline_per_seed=[c], groups_per_seed=[groups])
-        probe_rows[f"layer {key[0]}, {key[1]}"] = {
-            "specialist": sum(s) / len(s), "control": sum(c) / len(c),
+    for k, (s_, c_) in extra.get("probe", {}).items():
+        layer, position = k.split("|")
+        d = pooled_bootstrap_ci([s_], baseline_per_seed=[c_], groups_per_seed=[groups])
+        probe_rows[f"layer {layer}, {position}"] = {
+            "specialist": sum(s_) / len(s_), "control": sum(c_) / len(c_),
             "difference": dataclasses.asdict(d)}
-    fused_best = max(r["difference"]["mean"] for k, r in probe_rows.items()
-                     if not k.endswith(", last"))
-    last_best = max(r["difference"]["mean"] for k, r in probe_rows.items() if k.endswith(", last"))
-    testable = 100 * fused_best >= PROBE_GATE_PP
-    if cfg.progress:
+    fused = [r["difference"]["mean"] for k, r in probe_rows.items() if not k.endswith(", last")]
+    last = [r["difference"]["mean"] for k, r in probe_rows.items() if k.endswith(", last")]
+    fused_best, last_best = max(fused, default=float("nan")), max(last, default=float("nan"))
+    testable = bool(fused) and 100 * fused_best >= PROBE_GATE_PP
+    if cfg.progress and probe_rows:
         print(f"[transfer] probe gate: best specialist - control {100 * fused_best:+.1f} pp at "
               f"fused positions, {100 * last_best:+.1f} pp at the last token", flush=True)
 
     # -- rows without fusers -------------------------------------------------------------
-    scores: dict[str, list[list[float]]] = {}
-    scores["alone"] = [_score(FedRefine(receiver), test_items, "alone", cfg.progress, "alone")]
-    for name, peer in transmitters.items():
-        scores[f"transmitter alone, {name}"] = [_score(FedRefine(peer), test_items, "alone",
-                                                       cfg.progress, name)]
-        t2t = FedRefine(receiver, [Link(peer, None)],
-                        RefineConfig(t2t_max_new_tokens=cfg.t2t_max_new_tokens))
-        scores[f"t2t, {name}"] = [_score(t2t, test_items, "t2t", cfg.progress, f"t2t {name}")]
+    def once(label: str, fr: FedRefine, mode: str) -> None:
+        if label not in scores:
+            scores[label] = [_score(fr, test_items, mode, cfg.progress, label)]
+            keep()
+
+    once("alone", FedRefine(receiver), "alone")
+    if "t2t" in cfg.rows:
+        for name, peer in transmitters.items():
+            once(f"transmitter alone, {name}", FedRefine(peer), "alone")
+            once(f"t2t, {name}", FedRefine(receiver, [Link(peer, None)], RefineConfig(
+                t2t_max_new_tokens=cfg.t2t_max_new_tokens)), "t2t")
 
     # -- fusers --------------------------------------------------------------------------
     general = general_examples(_world_texts(cfg.receiver), cfg.general_examples)
-    knows = _score(FedRefine(specialist), train_items, "alone", cfg.progress, "specialist knows")
-    task = [Example(it.prompt, qa_continuation(it.choices[it.answer]))
-            for it, ok in zip(train_items, knows) if ok][: cfg.max_task or None]
-    fuser_rows = {
-        "c2c, general fuser": (general, cfg.fuser),
-        "c2c, task fuser": (task, dataclasses.replace(cfg.fuser, epochs=cfg.task_epochs)),
-        "c2c, task fuser, fuse_last": (task, dataclasses.replace(cfg.fuser, epochs=cfg.task_epochs,
-                                                                  fuse_last=True)),
+    task: list[Example] = []
+    if {"task", "task_fuse_last"} & set(cfg.rows):
+        knows = _score(FedRefine(specialist), train_items, "alone", cfg.progress,
+                       "specialist knows")
+        task = [Example(it.prompt, qa_continuation(it.choices[it.answer]))
+                for it, ok in zip(train_items, knows) if ok][: cfg.max_task or None]
+    task_cfg = dataclasses.replace(cfg.fuser, epochs=cfg.task_epochs)
+    plans = {
+        "general": ("c2c, general fuser", general, cfg.fuser, transmitters),
+        "task": ("c2c, task fuser", task, task_cfg, transmitters),
+        "task_fuse_last": ("c2c, task fuser, fuse_last", task,
+                           dataclasses.replace(task_cfg, fuse_last=True), transmitters),
+        "self": ("self-fusion, general fuser", general, cfg.fuser, {"receiver": receiver}),
     }
-    training: dict[str, list[dict]] = {}
-    gates: dict[str, list[dict]] = {}
-    for row, (examples, fcfg) in fuser_rows.items():
-        for name, peer in transmitters.items():
-            label = f"{row}, {name}"
-            scores[label], training[label], gates[label] = [], [], []
-            for seed in range(cfg.seeds):
+    training = extra.setdefault("training", {})
+    gates = extra.setdefault("gates_on", {})
+    for row, (title, examples, fcfg, peers) in plans.items():
+        if row not in cfg.rows:
+            continue
+        for name, peer in peers.items():
+            label = f"{title}, {name}"
+            scores.setdefault(label, [])
+            training.setdefault(label, [])
+            gates.setdefault(label, [])
+            for seed in range(len(scores[label]), cfg.seeds):
                 t0 = time.time()
                 fuser, losses = train_fuser(receiver, peer, examples,
                                             dataclasses.replace(fcfg, seed=seed),
@@ -167,6 +211,7 @@ def run_transfer(cfg: TransferConfig) -> dict:
                                         "first_loss": round(sum(losses[:k]) / k, 4),
                                         "last_loss": round(sum(losses[-k:]) / k, 4)})
                 gates[label].append(fuser.gates_on())
+                keep()
                 run.log(row=label, seed=seed, accuracy=sum(scores[label][-1]) / len(test_items),
                         **training[label][-1])
                 if cfg.progress:
@@ -176,13 +221,15 @@ def run_transfer(cfg: TransferConfig) -> dict:
     # -- intervals -----------------------------------------------------------------------
     results = {}
     for label, per_seed in scores.items():
+        if not per_seed:
+            continue
         g = [groups] * len(per_seed)
         entry = {"accuracy": dataclasses.asdict(pooled_bootstrap_ci(per_seed, groups_per_seed=g)),
                  "seeds": len(per_seed)}
         alone = scores["alone"] * len(per_seed)
         entry["minus_alone"] = dataclasses.asdict(
             pooled_bootstrap_ci(per_seed, baseline_per_seed=alone, groups_per_seed=g))
-        if label.endswith(", specialist"):
+        if label.endswith(", specialist") and label.replace(", specialist", ", control") in scores:
             ctrl = scores[label.replace(", specialist", ", control")]
             entry["minus_control"] = dataclasses.asdict(
                 pooled_bootstrap_ci(per_seed, baseline_per_seed=ctrl, groups_per_seed=g))
@@ -202,13 +249,17 @@ def run_transfer(cfg: TransferConfig) -> dict:
 def transfer_table(report: dict) -> str:
     """The report as Markdown: the probe gate, then every row with its control."""
     gate = report["probe_gate"]
-    lines = [f"Probe gate (linear probe from the prompt cache, held-out entities, n = "
-             f"{report['n_eval']}): best specialist - control at the positions C2C fuses "
-             f"{gate['best_fused_pp']:+.1f} pp, at the last prompt token "
-             f"{gate['best_last_pp']:+.1f} pp (threshold {gate['threshold_pp']:.0f} pp): "
-             + ("testable." if gate["testable"] else
-                "**not testable with this transmitter** at C2C's positions."),
-             "",
+    if gate["rows"]:
+        verdict = ("testable." if gate["testable"] else
+                   "**not testable with this transmitter** at C2C's positions.")
+        head = (f"Probe gate (linear probe from the prompt cache, held-out entities, n = "
+                f"{report['n_eval']}): best specialist - control at the positions C2C fuses "
+                f"{gate['best_fused_pp']:+.1f} pp, at the last prompt token "
+                f"{gate['best_last_pp']:+.1f} pp (threshold {gate['threshold_pp']:.0f} pp): "
+                + verdict)
+    else:
+        head = "Probe gate: not run (rows without 'probe')."
+    lines = [head, "",
              "| row (4-way choice, held-out entities) | accuracy [95% CI] | minus alone | "
              "minus its control |", "|---|---|---|---|"]
     for label, r in report["results"].items():
