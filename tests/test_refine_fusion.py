@@ -235,8 +235,13 @@ def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
     """Fused caches of different lengths, stacked with left padding, give each example the
     loss it has alone (aligned and prefix fusion)."""
     from plasticlm.eval import pad_id_of
-    from plasticlm.refine.train import (_prepare, answer_loss, batch_answer_loss,
-                                        fused_batch_state, fused_state)
+    from plasticlm.refine.train import (
+        _prepare,
+        answer_loss,
+        batch_answer_loss,
+        fused_batch_state,
+        fused_state,
+    )
 
     receiver, specialist, _, facts = pair
     names = sorted(facts)[:3]

@@ -27,13 +27,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pick_device(device: str | None = None) -> torch.device:
-    """``device`` if given, else CUDA when present, else CPU."""
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def set_threads(threads: int | None = None) -> int:
     """Set torch's intra-op thread count by the one thread policy; returns the count.
 

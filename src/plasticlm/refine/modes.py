@@ -76,7 +76,6 @@ class Prepared:
     tail: list[int]                # receiver tokens to run on the cache (their last predicts)
     prompt_ids: list[int]
     wire_bytes: int = 0
-    seconds: float = 0.0
     background: list[str] = field(default_factory=list)
     rephrased: list[str] = field(default_factory=list)
     start: int | None = None       # position of tail[0] (None: right after the cache)
@@ -178,7 +177,6 @@ class FedRefine:
         """The receiver's state for ``prompt`` in ``mode`` (co-c2c: see :meth:`co_prepare`)."""
         if mode not in MODES:
             raise PlasticError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        t0 = time.perf_counter()
         links = self._links_for(mode, n_transmitters)
         if mode == "co-c2c":
             prep = self.co_prepare(prompt)[0]
@@ -188,7 +186,6 @@ class FedRefine:
             prep = self._t2t(prompt, links)
         else:
             prep = self._fused(prompt, links)
-        prep.seconds = time.perf_counter() - t0
         return prep
 
     def _t2t(self, prompt: str, links: list[Link]) -> Prepared:
@@ -286,7 +283,6 @@ class FedRefine:
         if "prefix" in (f_ba.config.mode, f_ab.config.mode):
             raise PlasticError("co-c2c needs aligned fusers in both directions")
         f_ab.check(b.layout, a.layout)
-        t0 = time.perf_counter()
         al_ab = align_tokens(a.tokenizer, b.tokenizer, prompt)   # A's positions read B's
         al_ba = align_tokens(b.tokenizer, a.tokenizer, prompt)
         a_full, _ = extract_cache(a.model, _row(al_ab.receiver_ids), model_name=a.name)
@@ -301,11 +297,10 @@ class FedRefine:
             b_new = f_ab.fuse_aligned(b_own, a_send, idx_ba)
             wire += _cache_bytes(f_ba, b_send.length) + _cache_bytes(f_ab, a_send.length)
             a_send, b_send = a_new, b_new
-        seconds = time.perf_counter() - t0
         ids_a, ids_b = al_ab.receiver_ids, al_ba.receiver_ids
         wire += len(prompt.encode())
-        return (Prepared(a_send, ids_a[-1:], ids_a, wire, seconds, start=len(ids_a) - 1),
-                Prepared(b_send, ids_b[-1:], ids_b, wire, seconds, start=len(ids_b) - 1))
+        return (Prepared(a_send, ids_a[-1:], ids_a, wire, start=len(ids_a) - 1),
+                Prepared(b_send, ids_b[-1:], ids_b, wire, start=len(ids_b) - 1))
 
     # -- using the state ----------------------------------------------------------------------
 
@@ -313,16 +308,16 @@ class FedRefine:
     def score(self, prompt: str, choices: list[str], mode: str = "c2c",
               n_transmitters: int | None = None) -> Scored:
         """Sum log-prob of each `` <choice>`` after ``prompt``, with time to first token
-        (state ready + the forward that yields the first answer token), latency and bytes."""
+        (state ready + the one batched forward over the choices, which yields the first answer
+        token's distribution), latency and bytes."""
         t0 = time.perf_counter()
         if mode == "co-c2c":
             prep, partner = self.co_prepare(prompt)
         else:
             prep, partner = self.prepare(prompt, mode, n_transmitters), None
-        model = self.receiver.model
-        continue_from_cache(model, prep.cache, _row(prep.tail), start_positions=_start(prep))
+        scores = score_choices(self.receiver.model, self.receiver.tokenizer, prep, prompt,
+                               choices)
         ttft = time.perf_counter() - t0
-        scores = score_choices(model, self.receiver.tokenizer, prep, prompt, choices)
         out = Scored(scores, _argmax(scores), ttft, 0.0, prep.wire_bytes)
         if partner is not None:
             b = self.links[0].peer

@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError

@@ -24,7 +24,6 @@ from plasticlm.scol.consolidate import float32_master, num_layers_of
 from plasticlm.scol.contexts import Context, chunk_text, contexts_from_passages, split_streams
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
-from plasticlm.scol.policy import LayerGrammar, action_prompt, sample_actions
 from plasticlm.scol.rewards import qa_scores
 
 METHODS = ("scol", "scol_lambda0", "scol_random", "sequential_ft", "batch_ttt", "prompting",
@@ -430,10 +429,3 @@ def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True)
         report["regimes"][regime] = res
     (out / "longbench.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
-
-
-def greedy_action_text(model, tokenizer, text: str, max_layers: int = 2) -> str:
-    """The policy's greedy action for one context (for inspection)."""
-    n = num_layers_of(model)
-    g = LayerGrammar(tokenizer, n, max_layers)
-    return sample_actions(model, tokenizer, action_prompt(text, n), g, 1, 0.0)[0].text
