@@ -75,3 +75,16 @@ def test_experiment_and_train_parse_overrides():
     args = _parser().parse_args(["refine", "train-fuser", "--receiver", "sandbox:receiver",
                                  "--transmitter", "sandbox:specialist", "--out", "f", "rank=8"])
     assert args.overrides == ["rank=8"] and args.splits == "dev,val"
+
+
+def test_link_latency_model_by_hand():
+    from plasticlm.refine.experiment import crossover_mb_per_s, link_latency_ms
+
+    # 10 ms of compute, 20 ms round trip, 16 KB at 1 MB/s = 16 ms
+    assert link_latency_ms(10.0, 16_000, 1.0, rtt_ms=20.0) == pytest.approx(46.0)
+    assert link_latency_ms(10.0, 0, 1.0) == 10.0             # nothing sent, no round trip
+    c2c = {"latency_ms": 10.0, "wire_bytes": 16_000}
+    t2t = {"latency_ms": 22.0, "wire_bytes": 100}
+    # extra 15,900 bytes cost less than the 12 ms saved above 15,900 / 12 ms = 1.325 MB/s
+    assert crossover_mb_per_s(c2c, t2t) == pytest.approx(1.325)
+    assert crossover_mb_per_s(t2t, c2c) is None

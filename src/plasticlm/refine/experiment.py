@@ -260,16 +260,51 @@ def _leakage(peer: Peer, prompts: list[str], fuser: Fuser) -> dict:
     return asdict(measure_leakage(peer.model, peer.tokenizer, prompts, rephrased, layer))
 
 
+LINK_MB_PER_S = (1.0, 10.0, 100.0)   # link speeds of the latency model
+LINK_RTT_MS = 20.0                     # one round trip per answer that uses the network
+
+
+def link_latency_ms(compute_ms: float, wire_bytes: float, mb_per_s: float,
+                    rtt_ms: float = LINK_RTT_MS) -> float:
+    """Latency of an answer over a link: compute + one round trip + bytes / bandwidth (a mode
+    that sends nothing pays no round trip)."""
+    if wire_bytes <= 0:
+        return compute_ms
+    return compute_ms + rtt_ms + 1000.0 * wire_bytes / (mb_per_s * 1e6)
+
+
+def crossover_mb_per_s(a: dict, b: dict) -> float | None:
+    """The bandwidth (MB/s) above which mode ``a`` (more bytes, less compute) answers faster
+    than mode ``b``; None when one is faster at every bandwidth. Each is a result entry with
+    ``latency_ms`` and ``wire_bytes``."""
+    extra_bytes = a["wire_bytes"] - b["wire_bytes"]
+    saved_ms = b["latency_ms"] - a["latency_ms"]
+    if extra_bytes <= 0 or saved_ms <= 0:
+        return None
+    return 1000.0 * extra_bytes / (saved_ms * 1e6)
+
+
 def markdown_table(report: dict) -> str:
-    """The mode table (accuracy, time to first token, latency, bytes) as Markdown."""
-    lines = ["| mode | accuracy | TTFT ms | latency ms | bytes on the wire |",
-             "|---|---|---|---|---|"]
+    """The mode table (accuracy, time to first token, latency with and without a link, bytes)
+    as Markdown."""
+    speeds = " | ".join(f"ms at {s:g} MB/s" for s in LINK_MB_PER_S)
+    lines = [f"| mode | accuracy | TTFT ms | latency ms (compute) | {speeds} | bytes on the wire |",
+             "|---|---|---|---|" + "---|" * len(LINK_MB_PER_S) + "---|"]
     for label, e in report["results"].items():
         acc = f"{100 * e['accuracy']:.1f}%"
         if "partner_accuracy" in e:
             acc += f" (partner {100 * e['partner_accuracy']:.1f}%)"
+        linked = " | ".join(f"{link_latency_ms(e['latency_ms'], e['wire_bytes'], s):.1f}"
+                            for s in LINK_MB_PER_S)
         lines.append(f"| {label} | {acc} | {e['ttft_ms']:.1f} | {e['latency_ms']:.1f} | "
-                     f"{e['wire_bytes']:.0f} |")
+                     f"{linked} | {e['wire_bytes']:.0f} |")
+    results = report["results"]
+    if "c2c" in results and "t2t" in results:
+        cross = crossover_mb_per_s(results["c2c"], results["t2t"])
+        lines += ["", f"Link model: compute + {LINK_RTT_MS:g} ms round trip + bytes / bandwidth. "
+                  + (f"C2C answers faster than T2T above {cross:.3f} MB/s."
+                     if cross is not None else
+                     "C2C vs T2T: one is faster at every bandwidth (see the columns).")]
     ours, paper = report["ours_vs_paper"]["ours"], report["ours_vs_paper"]["paper"]
     lines += ["", "| comparison | ours | paper |", "|---|---|---|",
               f"| all transmitters vs alone | {ours['multi_all_vs_alone_pp']:+.1f} pp | "
