@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from plasticlm.errors import PlasticError
@@ -30,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stderr.isatty():
+        # redirected to a log: a progress line every 30 s instead of a carriage-return frame
+        # per update (tqdm reads TQDM_* defaults from the environment)
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may also follow an option (`experiment transfer --quick seeds=1`),
