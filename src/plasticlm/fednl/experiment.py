@@ -139,8 +139,10 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
     if not trained:
         return model, tok, None
     run_dir = Path(fcfg.out) / fcfg.name
+    # the saved config is read back through the dataclass, so a run written before a field
+    # existed matches when the new field holds its default
     done = (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and \
-        json.loads((run_dir / "config.json").read_text()) == json.loads(fcfg.to_json())
+        FedNLConfig.from_json((run_dir / "config.json").read_text()).to_json() == fcfg.to_json()
     if not done:
         if progress:
             print(f"[fednl experiment] {fcfg.name}: {fcfg.rounds} rounds on Flower", flush=True)
