@@ -174,6 +174,16 @@ def test_openbook_experiment_runs_every_variant_on_flower_and_resumes(quick_expe
     monkeypatch.setattr(fed_run, "run_federated",
                         lambda *a, **k: pytest.fail("a finished run was run again"))
     assert run_experiment(cfg, progress=False)["runs"] == results["runs"]
+    # a finished run whose saved config predates a field (here: memory_decay) is reused too
+    from plasticlm.fednl.experiment import federated_config, trained_model
+
+    fednl = next(v for v in variants(cfg) if v.label == "fednl")
+    fcfg = federated_config(cfg, fednl, 0, folder)
+    saved = folder / fcfg.name / "config.json"
+    old = json.loads(saved.read_text())
+    del old["method"]["memory_decay"]
+    saved.write_text(json.dumps(old))
+    assert trained_model(fcfg, True, progress=False)[2] is not None
 
 
 def test_stream_memory_and_comm_experiments(quick_experiment):
