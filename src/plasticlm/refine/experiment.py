@@ -78,21 +78,23 @@ def load_peer(spec: str) -> Peer:
     return Peer(name, model, tok)
 
 
+def sandbox_world_of(model_spec: str) -> Path:
+    """The world folder of a ``sandbox:NAME`` / ``quick:NAME`` model's preset."""
+    from plasticlm.sandbox import sandbox_world
+
+    preset = model_spec.split(":", 1)[0]
+    if preset not in ("sandbox", "quick"):
+        raise PlasticError(f"{model_spec!r} is not a sandbox model: give sandbox:NAME or "
+                           "quick:NAME (or, for the modes experiment, --mmlu)")
+    return sandbox_world(preset)
+
+
 def load_questions(cfg: ExperimentConfig):
     """(train questions, eval questions, prompt function): the prompt function is the one QA
     template, :func:`plasticlm.eval.qa_prompt`, for the sandbox and for real MMLU alike."""
     from plasticlm.data.mmlu import load_mmlu
 
-    if cfg.mmlu:
-        folder = Path(cfg.mmlu)
-    else:
-        from plasticlm.sandbox import sandbox_world
-
-        preset = cfg.receiver.split(":", 1)[0]
-        if preset not in ("sandbox", "quick"):
-            raise PlasticError("without --mmlu the receiver must be a sandbox model "
-                               "(sandbox:NAME or quick:NAME)")
-        folder = sandbox_world(preset) / "specialist_mmlu"
+    folder = Path(cfg.mmlu) if cfg.mmlu else sandbox_world_of(cfg.receiver) / "specialist_mmlu"
     subjects = list(cfg.subjects) or None
     train = [q for s in cfg.train_splits for q in load_mmlu(folder, s, subjects)]
     test = [q for s in cfg.eval_splits for q in load_mmlu(folder, s, subjects)]

@@ -57,7 +57,7 @@ class FuserConfig:
     transmitter_head_dim: int
     kind: str = "c2c"
     rank: int = 32                # lowrank: bottleneck width
-    hidden: int = 256             # c2c: hidden width of the K and V paths
+    hidden: int = 128             # c2c: hidden width of the K and V paths
     dropout: float = 0.1          # c2c: dropout in the residual blocks
     layer_map: str = "last"
     mode: str = "aligned"

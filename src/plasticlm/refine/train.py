@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import qa_continuation
+from plasticlm.eval import pad_batch, pad_id_of, qa_continuation
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.fuser import Fuser, concat_caches
@@ -163,8 +163,6 @@ def batch_answer_loss(receiver_model, pad_id: int, state: KVCache, batch: list[_
                       ) -> torch.Tensor:
     """The mean over examples of :func:`answer_loss`, in one receiver forward from the
     stacked states (:func:`fused_batch_state`), each example's tail + answer right-padded."""
-    from plasticlm.eval import pad_batch
-
     ids, mask = pad_batch([p.tail + p.answer[:-1] for p in batch], pad_id)
     starts = torch.tensor([p.start if p.start is not None else int(state.mask[i].sum())
                            for i, p in enumerate(batch)])
@@ -192,9 +190,18 @@ def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | Non
     return out
 
 
+def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
+                     cfg: FuserTrainConfig, progress: bool = False) -> list[_Prepared]:
+    """Both frozen models' caches of every example, as :func:`train_fuser` uses them; they
+    depend on the fusion mode, ``fuse_last`` and ``draft_tokens`` only, so one list serves
+    every seed."""
+    return [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
+            for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]
+
+
 def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                 cfg: FuserTrainConfig | None = None, progress: bool = True,
-                log=None) -> tuple[Fuser, list[float]]:
+                log=None, prepared: list[_Prepared] | None = None) -> tuple[Fuser, list[float]]:
     """Train a fresh fuser (transmitter -> receiver) on ``examples``; returns it and the
     per-step losses. ``log(step=, loss=, lr=)`` is called every 20 steps when given."""
     cfg = cfg or FuserTrainConfig()
@@ -213,8 +220,11 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                            draft_tokens=cfg.draft_tokens, share=cfg.share)
     device = next(receiver.model.parameters()).device
     fuser.to(device)
-    prepared = [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
-                for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]
+    if prepared is None:
+        prepared = prepare_examples(receiver, transmitter, examples, cfg, progress)
+    elif len(prepared) != len(examples):
+        raise PlasticError(f"{len(prepared)} prepared caches for {len(examples)} examples: "
+                           "prepare them with prepare_examples for these examples")
     per_epoch = math.ceil(len(prepared) / cfg.batch_size)
     steps = cfg.epochs * per_epoch
     warmup = max(1, int(cfg.warmup_fraction * steps))
@@ -231,8 +241,6 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
               for p in m.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
-    from plasticlm.eval import pad_id_of
-
     pad_id = pad_id_of(receiver.tokenizer)
     rng = random.Random(cfg.seed)
     losses: list[float] = []

@@ -38,10 +38,21 @@ from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci, qa_continuation, qa_prompt
-from plasticlm.refine.experiment import load_peer
+from plasticlm.refine.experiment import (
+    ExperimentConfig,
+    load_peer,
+    load_questions,
+    sandbox_world_of,
+)
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.probe import ProbeItem, probe_table
-from plasticlm.refine.train import Example, FuserTrainConfig, general_examples, train_fuser
+from plasticlm.refine.train import (
+    Example,
+    FuserTrainConfig,
+    general_examples,
+    prepare_examples,
+    train_fuser,
+)
 
 PROBE_GATE_PP = 15.0      # the probe must beat the control's by this much at fused positions
 ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self")
@@ -97,29 +108,23 @@ def _score(fr: FedRefine, items: list[ProbeItem], mode: str, progress: bool, lab
 
 def _world_texts(receiver_spec: str) -> list[str]:
     from plasticlm.data.corpus import load_text_corpus
-    from plasticlm.sandbox import sandbox_world
 
-    preset = receiver_spec.split(":", 1)[0]
-    if preset not in ("sandbox", "quick"):
-        raise PlasticError("the transfer experiment runs on the sandbox: give the receiver as "
-                           "sandbox:NAME or quick:NAME")
-    return [d.text for d in load_text_corpus(sandbox_world(preset) / "corpus" / "train.txt")]
+    return [d.text for d in load_text_corpus(sandbox_world_of(receiver_spec) / "corpus" /
+                                             "train.txt")]
 
 
 def run_transfer(cfg: TransferConfig) -> dict:
     """Run every row, write ``report.json`` and ``table.md`` into ``cfg.out``; returns the report."""
-    from plasticlm.data.mmlu import load_mmlu
     from plasticlm.runs import RunDir
-    from plasticlm.sandbox import sandbox_world
 
     t_start = time.time()
     run = RunDir(Path(cfg.out))
     run.write_json("config.json", cfg)
     receiver, specialist, control = (load_peer(s) for s in (cfg.receiver, cfg.specialist,
                                                             cfg.control))
-    folder = sandbox_world(cfg.receiver.split(":", 1)[0]) / "specialist_mmlu"
-    train_q = [q for s in ("dev", "val") for q in load_mmlu(folder, s)]
-    test_q = load_mmlu(folder, "test")[: cfg.max_eval or None]
+    train_q, test_q, _ = load_questions(ExperimentConfig(
+        receiver=cfg.receiver, train_splits=("dev", "val"), eval_splits=("test",),
+        max_eval=cfg.max_eval))
     train_items, test_items = _items(train_q), _items(test_q)
     groups = [entity_of(q.question) for q in test_q]
     overlap = {entity_of(q.question) for q in train_q} & set(groups)
@@ -197,11 +202,14 @@ def run_transfer(cfg: TransferConfig) -> dict:
             scores.setdefault(label, [])
             training.setdefault(label, [])
             gates.setdefault(label, [])
+            caches = None   # both models are frozen: the caches serve every seed
             for seed in range(len(scores[label]), cfg.seeds):
                 t0 = time.time()
+                if caches is None:
+                    caches = prepare_examples(receiver, peer, examples, fcfg, cfg.progress)
                 fuser, losses = train_fuser(receiver, peer, examples,
                                             dataclasses.replace(fcfg, seed=seed),
-                                            progress=cfg.progress)
+                                            progress=cfg.progress, prepared=caches)
                 fr = FedRefine(receiver, [Link(peer, fuser)])
                 scores[label].append(_score(fr, test_items, "c2c", cfg.progress, label))
                 k = max(1, len(losses) // 10)

@@ -221,18 +221,26 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
 
 
 def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.optim.Optimizer,
-               cfg: SCoLConfig, grammar: LayerGrammar | None = None) -> dict:
+               cfg: SCoLConfig, grammar: LayerGrammar | None = None,
+               reference_logps: dict | None = None) -> dict:
     """``cfg.ipo_epochs`` IPO steps on ``policy`` over all ``pairs`` (one step per epoch,
     gradients accumulated pair by pair); returns the loss and mean h before and after.
     With ``grammar`` the log-probs are over the free tokens under the grammar-masked
-    distribution (:func:`plasticlm.scol.policy.completion_logprob`)."""
+    distribution (:func:`plasticlm.scol.policy.completion_logprob`). ``reference_logps``
+    (pair -> reference log-probs) is read and filled, so a fixed reference scores each
+    buffered pair once across outer steps."""
     if not pairs:
         return {"pairs": 0}
+    cache = {} if reference_logps is None else reference_logps
     with torch.no_grad():
-        ref_w = torch.stack([completion_logprob(reference, list(p.prompt_ids),
-                                                list(p.chosen_ids), grammar) for p in pairs])
-        ref_l = torch.stack([completion_logprob(reference, list(p.prompt_ids),
-                                                list(p.rejected_ids), grammar) for p in pairs])
+        for p in pairs:
+            if p not in cache:
+                cache[p] = (completion_logprob(reference, list(p.prompt_ids),
+                                               list(p.chosen_ids), grammar),
+                            completion_logprob(reference, list(p.prompt_ids),
+                                               list(p.rejected_ids), grammar))
+    ref_w = torch.stack([cache[p][0] for p in pairs])
+    ref_l = torch.stack([cache[p][1] for p in pairs])
 
     def h_values() -> torch.Tensor:
         with torch.no_grad():
@@ -368,6 +376,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     if start and (ckpt / "optimizer.safetensors").exists():
         _load_optimizer(opt, ckpt / "optimizer.safetensors")
     grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
+    reference_logps: dict = {}   # the fixed reference's log-probs of buffered pairs
     for step in tqdm(range(start, cfg.outer_steps), desc="meta-train", disable=not progress):
         t0 = time.time()
         stream = streams[step % len(streams)]
@@ -381,7 +390,8 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         _, records, pairs = consolidate_stream(copy.deepcopy(policy), tokenizer, stream,
                                                step_cfg, "best", desc=f"outer step {step}")
         buffer = (pairs + buffer)[: cfg.pair_buffer] if cfg.pair_buffer else pairs
-        stats = ipo_update(policy, reference, buffer, opt, cfg, grammar)
+        stats = ipo_update(policy, reference, buffer, opt, cfg, grammar,
+                           reference_logps if fixed is not None else None)
         rewards = [r.reward.total for r in records if r.reward is not None]
         run.log(outer_step=step, mean_reward=sum(rewards) / max(1, len(rewards)),
                 mean_acquisition=sum(r.reward.acquisition for r in records) / len(records),
