@@ -17,6 +17,7 @@ from plasticlm.refine import (
     extract_cache,
     kv_layout,
     layer_map,
+    learned_inversion,
     measure_leakage,
     rule_rephrase,
 )
@@ -267,3 +268,23 @@ def test_leakage_raw_is_recovered_rephrased_less(peers):
     res = measure_leakage(t1.model, t1.tokenizer, prompts, [rule_rephrase(p) for p in prompts])
     assert res.raw_recall == 1.0 and res.raw_exact == 1.0
     assert res.rephrased_recall < 0.8
+
+
+def test_learned_inversion_reads_prompts_in_clear_and_less_after_rephrasing(peers):
+    """A decoder trained on public texts (other sentences with the same words) names the
+    tokens of unseen prompts from layer 0 of their caches; an untrained decoder does not, and
+    a rephrased prompt's cache gives fewer of the original tokens."""
+    _, t1, _ = peers
+    public = ["Q: Which organ does Zutorex act on? A: heart.",
+              "Q: Which company makes Kalomira? A: Orvane Labs.",
+              "Doctors prescribe Kalomira for asthma. The main target of Zutorex is the heart.",
+              "Name the firm that produces one thing. For which illness do doctors give it?"] * 3
+    prompts = [PROMPT, "Q: Which company makes Zutorex? A:"]
+    rephrased = [rule_rephrase(p) for p in prompts]
+    trained, = learned_inversion(t1.model, t1.tokenizer, public, prompts, rephrased, layers=[0],
+                                 steps=300, batch_size=256)
+    untrained, = learned_inversion(t1.model, t1.tokenizer, public, prompts, rephrased,
+                                   layers=[0], steps=0)
+    assert trained.raw_recall >= 0.9 and trained.raw_position_accuracy >= 0.9
+    assert untrained.raw_recall < 0.5
+    assert trained.rephrased_recall <= trained.raw_recall - 0.2

@@ -10,8 +10,18 @@ import torch
 
 from plasticlm.eval import encode_with_bos
 from plasticlm.models import build_tiny, train_bpe_tokenizer
-from plasticlm.refine import Example, FedRefine, Fuser, FuserTrainConfig, Link, Peer, train_fuser
+from plasticlm.refine import (
+    Example,
+    FedRefine,
+    Fuser,
+    FuserTrainConfig,
+    Link,
+    Peer,
+    train_fuser,
+    train_fusers,
+)
 from plasticlm.refine.train import evaluate_answer_loss, general_examples
+from plasticlm.sandbox import teach_facts
 
 ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]
 SYLLABLES = ["ka", "lo", "mi", "zu", "ren", "tor", "vex", "pa", "qui", "dol", "sar", "nim"]
@@ -220,6 +230,18 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
                 "transmitter alone"):
         assert f"{row}, specialist" in rows and f"{row}, control" in rows
         assert "minus_control" in rows[f"{row}, specialist"]
+    ladder = {"c2c draft-only, general fuser, specialist": "c2c draft-only, general fuser, control",
+              "c2c, general fuser, oracle": "self-fusion, general fuser, receiver",
+              "prefix c2c private (rephrased), general fuser, oracle":
+                  "prefix c2c, general fuser, oracle",
+              "multi x2 (parallel), parties": "multi x2 (parallel), untaught",
+              "c2c via party 1 (qwen3) only, parties": "c2c via party 1 (qwen3) only, untaught",
+              "co-c2c, co-party A (receiver taught half 0)":
+                  "alone, co-party A (receiver taught half 0)"}
+    for row, control in ladder.items():
+        assert rows[row]["control"] == control and "minus_control" in rows[row], row
+    assert "minus_control_on_taught" in rows["c2c via party 0 (llama) only, parties"]
+    assert len(report["inversion"]["layers"]) == 2   # every layer of the quick oracle
     assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out
     # a rerun with one more seed trains only the new seed's fusers
     trained = len((out / "metrics.jsonl").read_text().splitlines())
@@ -265,3 +287,54 @@ def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
                                             fused_batch_state(fuser, batch, receiver.layout),
                                             batch))
         assert joint == pytest.approx(sum(single) / len(single), abs=1e-5)
+
+
+def test_teach_facts_teaches_a_model_its_facts(pair):
+    """Fact drills (how the transfer experiment makes its oracle and parties) take a model at
+    chance to answering its facts; at lr = 1e-9 this fails."""
+    _, specialist, _, facts = pair
+    tok = specialist.tokenizer
+    peer = Peer("taught", build_tiny("llama", seed=3, vocab_size=len(tok), hidden_size=48,
+                                     num_layers=3, num_heads=4, num_kv_heads=2,
+                                     intermediate_size=96), tok)
+    before = _accuracy(FedRefine(peer), facts, "alone")
+    teach_facts(peer.model, tok, [(_question(n), " " + v) for n, v in facts.items()],
+                steps=150, lr=1e-2, progress=False)
+    after = _accuracy(FedRefine(peer), facts, "alone")
+    assert after >= 0.9 and after >= before + 0.4, (before, after)   # measured 25% -> 100%
+
+
+def test_fusers_trained_together_each_help_and_their_sum_helps(pair):
+    """Two transmitters' fusers trained on random subsets (C2C's bitmask): on the training
+    facts, each alone and both summed in parallel (multi) answer better than the receiver
+    alone."""
+    receiver, specialist, control, facts = pair
+    seen, _ = _split(facts)
+    examples = [Example(_question(n), " " + v) for n, v in seen.items()]
+    cfg = FuserTrainConfig(hidden=32, epochs=40, batch_size=4, lr=3e-3, dropout=0.0)
+    (f_s, f_c), _ = train_fusers(receiver, [specialist, control], examples, cfg, progress=False)
+    fr = FedRefine(receiver, [Link(specialist, f_s), Link(control, f_c)])
+    alone = _accuracy(fr, seen, "alone")
+    each = [_accuracy(FedRefine(receiver, [link]), seen, "c2c") for link in fr.links]
+    both = _accuracy(fr, seen, "multi")
+    # measured: alone 20%, each 45% / 40%, both 45% (n = 20)
+    assert min(each) >= alone + 0.15 and both >= alone + 0.15, (alone, each, both)
+
+
+def test_co_c2c_does_not_degrade_a_partner(pair):
+    """Co-C2C between the receiver and the specialist (which knows the facts): the
+    specialist's answers, read from its cache refined by the receiver's through a trained
+    reverse fuser, stay as good as alone; the receiver's side equals one-way C2C."""
+    receiver, specialist, _, facts = pair
+    seen, _ = _split(facts)
+    forward, _ = _train(receiver, specialist, seen)
+    reverse, _ = _train(specialist, receiver, seen)
+    fr = FedRefine(receiver, [Link(specialist, forward)], reverse_fuser=reverse)
+    partner = 0
+    for n, v in seen.items():
+        ch = _choices(n, v)
+        s = fr.score(_question(n), ch, "co-c2c")
+        partner += s.partner_choice == ch.index(v)
+        assert s.scores == pytest.approx(fr.score(_question(n), ch, "c2c").scores, abs=1e-5)
+    alone = _accuracy(FedRefine(specialist), seen, "alone")
+    assert partner / len(seen) >= alone - 0.05, (partner / len(seen), alone)

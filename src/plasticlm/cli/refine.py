@@ -132,7 +132,9 @@ def _ask(args) -> int:
 QUICK_TRANSFER = ["receiver=quick:receiver", "specialist=quick:specialist",
                   "control=quick:transmitter-llama", "general_examples=32", "seeds=1",
                   "max_eval=12", "fuser.epochs=1", "fuser.hidden=16", "task_epochs=1",
-                  "t2t_max_new_tokens=2", "out=runs/refine-transfer-quick"]
+                  "t2t_max_new_tokens=2", "teach_steps=30", "inversion_texts=16",
+                  'parties=["quick:transmitter-llama","quick:receiver"]',
+                  "out=runs/refine-transfer-quick"]
 
 
 def _experiment(args) -> int:

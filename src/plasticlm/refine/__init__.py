@@ -6,20 +6,28 @@
 - ``train``: fuser training with both LLMs frozen;
 - ``modes``: alone, t2t, c2c, multi and co-c2c behind one API;
 - ``rephrase`` and ``leakage``: privacy by rephrasing and its measured leakage;
-- ``experiment``: the mode table (accuracy, time to first token, latency, bytes).
+- ``probe``: linear probes of what a transmitter's cache holds (the transfer probe gate);
+- ``experiment``: the mode table (accuracy, time to first token, latency, bytes);
+- ``transfer``: held-out transfer, each row beside its control transmitter.
 """
 
 from plasticlm.refine.align import LAYER_MAPS, TokenAlignment, align_tokens, layer_map
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
 from plasticlm.refine.fuser import FUSION_MODES, Fuser, FuserConfig
-from plasticlm.refine.leakage import LeakageResult, measure_leakage
+from plasticlm.refine.leakage import (
+    InversionResult,
+    LeakageResult,
+    learned_inversion,
+    measure_leakage,
+)
 from plasticlm.refine.modes import MODES, Answer, FedRefine, Link, Peer, RefineConfig, Scored
 from plasticlm.refine.rephrase import rephrase, rule_rephrase
-from plasticlm.refine.train import Example, FuserTrainConfig, train_fuser
+from plasticlm.refine.train import Example, FuserTrainConfig, train_fuser, train_fusers
 
 __all__ = [
     "FUSION_MODES", "LAYER_MAPS", "MODES", "Answer", "Example", "FedRefine", "Fuser",
-    "FuserConfig", "FuserTrainConfig", "KVCache", "KVLayout", "LeakageResult", "Link", "Peer",
-    "RefineConfig", "Scored", "TokenAlignment", "align_tokens", "extract_cache", "kv_layout",
-    "layer_map", "measure_leakage", "rephrase", "rule_rephrase", "train_fuser",
+    "FuserConfig", "FuserTrainConfig", "InversionResult", "KVCache", "KVLayout", "LeakageResult",
+    "Link", "Peer", "RefineConfig", "Scored", "TokenAlignment", "align_tokens", "extract_cache",
+    "kv_layout", "layer_map", "learned_inversion", "measure_leakage", "rephrase",
+    "rule_rephrase", "train_fuser", "train_fusers",
 ]

@@ -204,32 +204,64 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                 log=None, prepared: list[_Prepared] | None = None) -> tuple[Fuser, list[float]]:
     """Train a fresh fuser (transmitter -> receiver) on ``examples``; returns it and the
     per-step losses. ``log(step=, loss=, lr=)`` is called every 20 steps when given."""
+    fusers, losses = train_fusers(receiver, [transmitter], examples, cfg, progress, log,
+                                  None if prepared is None else [prepared])
+    return fusers[0], losses
+
+
+def _parallel_sum(own: KVCache, fused: list[KVCache]) -> KVCache:
+    """``own`` plus every fused state's change to it (FedRefine's parallel multi)."""
+    keys = [k + sum(f.keys[i] - k for f in fused) for i, k in enumerate(own.keys)]
+    values = [v + sum(f.values[i] - v for f in fused) for i, v in enumerate(own.values)]
+    return KVCache(own.layout, keys, values, own.token_ids, own.positions, own.mask,
+                   own.model_name)
+
+
+def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Example],
+                 cfg: FuserTrainConfig | None = None, progress: bool = True, log=None,
+                 prepared: list[list[_Prepared]] | None = None
+                 ) -> tuple[list[Fuser], list[float]]:
+    """Train one fresh fuser per transmitter, all into ``receiver``, on ``examples``;
+    returns them and the per-step losses. With several transmitters (aligned mode only) each
+    step fuses a random non-empty subset of them in parallel, each transmitter in with
+    probability 1/2 (C2C's bitmask), so that at inference any subset summed by FedRefine's
+    parallel ``multi`` is in distribution. ``prepared[i]``: :func:`prepare_examples` of
+    transmitter ``i``."""
     cfg = cfg or FuserTrainConfig()
     if not examples:
         raise PlasticError("no training examples for the fuser")
+    if not transmitters:
+        raise PlasticError("train_fusers needs at least one transmitter")
     if cfg.private and cfg.mode != "prefix":
         raise PlasticError("private training (rephrased transmitter prompts) needs mode=prefix")
+    if len(transmitters) > 1 and cfg.mode != "aligned":
+        raise PlasticError("fusers trained together are summed in parallel, which needs "
+                           f"mode=aligned (got {cfg.mode!r})")
     if cfg.epochs < 1 or cfg.batch_size < 1:
         raise PlasticError(f"fuser training needs epochs >= 1 and batch_size >= 1; got "
                            f"{cfg.epochs}, {cfg.batch_size}")
     torch.manual_seed(cfg.seed)
-    fuser = Fuser.for_pair(receiver.layout, transmitter.layout, kind=cfg.kind, rank=cfg.rank,
-                           hidden=cfg.hidden, dropout=cfg.dropout,
-                           layer_map=cfg.layer_map, mode=cfg.mode, receiver_name=receiver.name,
-                           transmitter_name=transmitter.name, fuse_last=cfg.fuse_last,
-                           draft_tokens=cfg.draft_tokens, share=cfg.share)
+    fusers = [Fuser.for_pair(receiver.layout, t.layout, kind=cfg.kind, rank=cfg.rank,
+                             hidden=cfg.hidden, dropout=cfg.dropout, layer_map=cfg.layer_map,
+                             mode=cfg.mode, receiver_name=receiver.name,
+                             transmitter_name=t.name, fuse_last=cfg.fuse_last,
+                             draft_tokens=cfg.draft_tokens, share=cfg.share)
+              for t in transmitters]
     device = next(receiver.model.parameters()).device
-    fuser.to(device)
+    for f in fusers:
+        f.to(device)
     if prepared is None:
-        prepared = prepare_examples(receiver, transmitter, examples, cfg, progress)
-    elif len(prepared) != len(examples):
-        raise PlasticError(f"{len(prepared)} prepared caches for {len(examples)} examples: "
+        prepared = [prepare_examples(receiver, t, examples, cfg, progress) for t in transmitters]
+    if len(prepared) != len(transmitters) or any(len(p) != len(examples) for p in prepared):
+        raise PlasticError(f"prepared caches for {[len(p) for p in prepared]} examples and "
+                           f"{len(transmitters)} transmitters, for {len(examples)} examples: "
                            "prepare them with prepare_examples for these examples")
-    per_epoch = math.ceil(len(prepared) / cfg.batch_size)
+    params = [p for f in fusers for p in f.parameters()]
+    per_epoch = math.ceil(len(examples) / cfg.batch_size)
     steps = cfg.epochs * per_epoch
     warmup = max(1, int(cfg.warmup_fraction * steps))
     decay = (cfg.temperature_end / cfg.temperature_start) ** (1 / max(1, steps - 1))
-    opt = torch.optim.AdamW(fuser.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     def schedule(step: int) -> float:
         if step < warmup:
@@ -237,29 +269,41 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    frozen = [(p, p.requires_grad) for m in (receiver.model, transmitter.model)
+    frozen = [(p, p.requires_grad) for m in [receiver.model] + [t.model for t in transmitters]
               for p in m.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
     pad_id = pad_id_of(receiver.tokenizer)
     rng = random.Random(cfg.seed)
     losses: list[float] = []
-    fuser.train()
+    for f in fusers:
+        f.train()
+    names = "+".join(t.name for t in transmitters)
     try:
-        bar = tqdm(total=steps, desc=f"fuser {transmitter.name}->{receiver.name}",
-                   disable=not progress, leave=False)
+        bar = tqdm(total=steps, desc=f"fuser {names}->{receiver.name}", disable=not progress,
+                   leave=False)
         for _ in range(cfg.epochs):
-            order = list(range(len(prepared)))
+            order = list(range(len(examples)))
             rng.shuffle(order)
             for b in range(per_epoch):
-                batch = [prepared[i] for i in order[b * cfg.batch_size:(b + 1) * cfg.batch_size]]
-                fuser.set_temperature(cfg.temperature_start * decay ** len(losses))
+                rows = order[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+                subset = [0]
+                if len(fusers) > 1:
+                    subset = []
+                    while not subset:
+                        subset = [i for i in range(len(fusers)) if rng.random() < 0.5]
+                for f in fusers:
+                    f.set_temperature(cfg.temperature_start * decay ** len(losses))
                 opt.zero_grad(set_to_none=True)
-                state = fused_batch_state(fuser, batch, receiver.layout)
-                loss = batch_answer_loss(receiver.model, pad_id, state, batch)
+                states = [fused_batch_state(fusers[i], [prepared[i][j] for j in rows],
+                                            receiver.layout) for i in subset]
+                state = states[0] if len(fusers) == 1 else _parallel_sum(
+                    stack_caches([prepared[0][j].own for j in rows]), states)
+                loss = batch_answer_loss(receiver.model, pad_id, state,
+                                         [prepared[subset[0]][j] for j in rows])
                 loss.backward()
                 total = loss.item()
-                torch.nn.utils.clip_grad_norm_(fuser.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
                 opt.step()
                 sched.step()
                 losses.append(total)
@@ -272,8 +316,9 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
-        fuser.eval()
-    return fuser, losses
+        for f in fusers:
+            f.eval()
+    return fusers, losses
 
 
 @torch.no_grad()

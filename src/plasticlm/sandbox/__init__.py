@@ -3,7 +3,12 @@
 Sits above ``data``, ``models`` and ``eval`` (it uses all three) and below the methods.
 """
 
-from plasticlm.sandbox.drills import niah_drill_batch, reading_drill_batch, train_drills
+from plasticlm.sandbox.drills import (
+    niah_drill_batch,
+    reading_drill_batch,
+    teach_facts,
+    train_drills,
+)
 from plasticlm.sandbox.presets import (
     PRESETS,
     SANDBOX_VERSION,
@@ -34,5 +39,5 @@ __all__ = [
     "ensure_sandbox_models", "evaluate_niah", "evaluate_openbook", "evaluate_world_mc", "get_preset",
     "niah_choice", "niah_drill_batch", "preset_dir", "pretrain_preset", "pretrain_text",
     "probe_table", "reading_drill_batch", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
-    "sandbox_preset_of", "sandbox_world", "train_drills",
+    "sandbox_preset_of", "sandbox_world", "teach_facts", "train_drills",
 ]

@@ -1,11 +1,15 @@
 """Context drills: teach a pre-trained receiver to read its context.
 
-Two kinds, both never repeated (every sample is drawn fresh from ``(seed, step)``):
+Three kinds. Two are never repeated (every sample is drawn fresh from ``(seed, step)``):
 - needle drills: copy a number out of a haystack (NIAH single);
 - reading drills: a made-up entity's passage (a name no world entity has, random values),
   filler, then a question on one of its attributes in the one QA template: the open-book
   skill, which the world corpus never teaches because its biographies and Q/A lines are
   separate documents. Values are random per sample, so only reading can answer.
+
+The third, fact drills, teaches a fixed set of (prompt, answer) facts: how the FedRefine
+experiments make transmitters that know a chosen part of the world (an oracle, disjoint
+parties).
 """
 
 from __future__ import annotations
@@ -110,3 +114,26 @@ def train_drills(model, tokenizer, sentences: list[str], steps: int,
                        checkpoint_every=checkpoint_every,
                        checkpoint_key=f"drills:{checkpoint_key}:{seed}:{lengths}:{batch_size}:"
                                       f"{replay}:{reading_share}:{reading_filler}")
+
+
+def teach_facts(model, tokenizer, facts: list[tuple[str, str]], steps: int,
+                batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
+                progress: bool = True) -> list[float]:
+    """Fine-tune ``model`` (all weights) on ``facts``, ``(prompt, continuation)`` pairs:
+    ``steps`` AdamW steps on batches drawn from ``(seed, step)``, cross-entropy on the
+    continuation's tokens only, so the prompts' wording is not learned as text. Returns the
+    losses."""
+    if not facts:
+        raise ValueError("teach_facts needs at least one (prompt, answer) pair")
+    pairs = [encode_pair(tokenizer, p, a) for p, a in facts]
+    pad = tokenizer.pad_token_id or 0
+
+    def loss_at(step: int) -> torch.Tensor:
+        draw = random.Random(seed * 100_003 + step)
+        ids, answer = _answer_batch([pairs[draw.randrange(len(pairs))]
+                                     for _ in range(batch_size)], pad)
+        logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
+        return F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
+
+    return train_steps(model, loss_at, steps, lr=lr, warmup=min(20, steps // 5 + 1),
+                       desc="fact drills", progress=progress)
