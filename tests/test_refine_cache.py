@@ -288,3 +288,32 @@ def test_learned_inversion_reads_prompts_in_clear_and_less_after_rephrasing(peer
     assert trained.raw_recall >= 0.9 and trained.raw_position_accuracy >= 0.9
     assert untrained.raw_recall < 0.5
     assert trained.rephrased_recall <= trained.raw_recall - 0.2
+
+
+class _PassThrough(torch.nn.Module):
+    """A layer map that hands the transmitter's K/V over unchanged: aligned, it replaces the
+    receiver's own (returns the difference); prefix, it is the prefix itself."""
+
+    def forward(self, tk, tv, rk=None, rv=None):
+        return (tk, tv) if rk is None else (tk - rk, tv - rv)
+
+
+@pytest.mark.parametrize("mode", ["aligned", "prefix"])
+def test_identity_pass_through_equals_reading_the_text(peers, mode):
+    """With the receiver as its own transmitter and a pass-through map, the fusion plumbing
+    (alignment, RoPE de-/re-rotation, positions, BOS) must give what reading the text gives:
+    aligned, the receiver alone; prefix, the receiver reading the shared prompt and then the
+    prompt again. A shifted alignment or a wrong position fails this."""
+    r, _, _ = peers
+    fuser = Fuser.for_pair(r.layout, r.layout, mode=mode, layer_map="last")
+    fuser.layers = torch.nn.ModuleList(_PassThrough() for _ in fuser.layers)
+    fr = FedRefine(r, [Link(Peer("r-too", r.model, r.tokenizer), fuser)])
+    prep = fr.prepare(PROMPT, "c2c")
+    ids = prep.prompt_ids
+    read = ids if mode == "aligned" else ids + ids[1:]
+    with torch.no_grad():
+        starts = None if prep.start is None else torch.tensor([prep.start])
+        fused = continue_from_cache(r.model, prep.cache, torch.tensor([prep.tail]),
+                                    start_positions=starts)[0]
+        text = r.model(input_ids=torch.tensor([read])).logits[0, -len(prep.tail):]
+    assert torch.allclose(fused, text, atol=1e-4), (fused - text).abs().max()

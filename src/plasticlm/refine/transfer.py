@@ -41,6 +41,7 @@ over seeds, differences paired on the same items.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -150,8 +151,8 @@ def _taught(run: Path, spec: str, name: str, facts: list[tuple[str, str]], cfg: 
     from plasticlm.sandbox.pretrain import save_model_atomic
 
     folder = run / "taught" / name
-    key = json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
-                      "lr": cfg.teach_lr}, sort_keys=True)
+    key = hashlib.sha256(json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
+                                     "lr": cfg.teach_lr}, sort_keys=True).encode()).hexdigest()
     stamp = folder / "taught.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
         model, tok = load_causal_lm(folder, dtype="float32")
