@@ -272,3 +272,26 @@ def test_real_squad_file_makes_streams(shared_data):
     assert len(evaluation) == 100 and sum(len(s) for s in train) == 32
     with pytest.raises(PlasticError):
         split_streams(ctxs, 10, 20, 100)
+
+
+def test_longbench_streams_contain_their_evidence_chunk():
+    """Every long item of the quick world, cut into the long regime's number of chunks,
+    keeps the chunk that states its answer; keeping the document's tail (the old rule)
+    drops it for some items, so this would fail with that rule."""
+    from plasticlm.data.longbench import load_longbench
+    from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox import resolve_data_spec, sandbox_model
+    from plasticlm.scol.contexts import chunk_text, evidence_chunks, evidence_window
+
+    items = load_longbench(resolve_data_spec("sandbox-quick") / "longbench" / "items.json")
+    _, tok = load_causal_lm(sandbox_model("receiver", preset="quick"))
+    cap, tail_misses = 4, 0
+    for it in items:
+        answer = it.choices["ABCD".index(it.answer)]
+        chunks = chunk_text(tok, it.context, 48, f"{it.id}/")
+        window, found = evidence_window(chunks, it.question, answer, cap)
+        evidence = {chunks[i].id for i in evidence_chunks(chunks, it.question, answer)}
+        assert found and len(window) == min(cap, len(chunks))
+        assert evidence & {c.id for c in window}
+        tail_misses += not evidence & {c.id for c in chunks[-cap:]}
+    assert tail_misses > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,3 +54,29 @@ def chunk_text(tokenizer, text: str, window: int, prefix: str = "") -> list[Cont
         raise PlasticError(f"chunk window must be at least 8 tokens, not {window}")
     return [Context(f"{prefix}chunk-{i // window}", tokenizer.decode(ids[i: i + window]))
             for i in range(0, len(ids), window)]
+
+
+def evidence_chunks(chunks: Sequence[Context], question: str, answer: str) -> list[int]:
+    """Indices of the chunks that state ``answer`` next to the question's names
+    (capitalised words past the first); when no chunk has both, those with the answer."""
+    names = re.findall(r"\b[A-Z][\w'-]*", question)[1:]
+    has_answer = [i for i, c in enumerate(chunks) if answer.lower() in c.text.lower()]
+    both = [i for i in has_answer if any(n in chunks[i].text for n in names)]
+    return both or has_answer
+
+
+def evidence_window(chunks: Sequence[Context], question: str, answer: str, length: int
+                    ) -> tuple[list[Context], bool]:
+    """``length`` consecutive chunks (the regime's stream length) that contain the
+    evidence, placed as early as the document allows so that the rest of the stream comes
+    after it; ``(window, found)``. Without located evidence: the last ``length`` chunks and
+    False."""
+    if length < 1:
+        raise PlasticError(f"a stream needs at least one chunk, not {length}")
+    found = evidence_chunks(chunks, question, answer)
+    if not found:
+        return list(chunks[-length:]), False
+    start = max(0, min(found[0], len(chunks) - length))
+    window = list(chunks[start: start + length])
+    assert any(chunks[i] in window for i in found), "the evidence chunk left the window"
+    return window, True

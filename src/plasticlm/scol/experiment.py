@@ -21,7 +21,13 @@ from plasticlm.eval import encode_pair, pad_id_of, qa_continuation, qa_prompt, s
 from plasticlm.runs import set_threads
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
 from plasticlm.scol.consolidate import float32_master, num_layers_of
-from plasticlm.scol.contexts import Context, chunk_text, contexts_from_passages, split_streams
+from plasticlm.scol.contexts import (
+    Context,
+    chunk_text,
+    contexts_from_passages,
+    evidence_window,
+    split_streams,
+)
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
 from plasticlm.scol.rewards import qa_scores
@@ -417,15 +423,21 @@ def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True)
     }
     for regime, its, cap in (("short", eval_short, cfg.max_chunks),
                              ("long", long, cfg.long_max_chunks)):
-        res = {}
+        res: dict = {}
+        streams, located = [], 0
+        for it in its:
+            # The regime's number of chunks, always including the evidence (when it can be
+            # located): a stream without it tests guessing, not consolidation.
+            chunks = chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")
+            window, found = evidence_window(chunks, it.question,
+                                            it.choices["ABCD".index(it.answer)], cap)
+            streams.append(window)
+            located += found
         for name, fn in methods.items():
-            correct = []
-            for it in its:
-                chunks = chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")
-                # Keep the tail: the question is asked after the stream's last chunk.
-                model = fn(chunks[-cap:])
-                correct.append(_mc_correct(model, tok, it))
+            correct = [_mc_correct(fn(s), tok, it) for s, it in zip(streams, its)]
             res[name] = {"accuracy": sum(correct) / len(correct), "n": len(correct)}
+        res["evidence_located"] = located
+        res["chunks_per_stream"] = sum(len(s) for s in streams) / len(streams)
         report["regimes"][regime] = res
     (out / "longbench.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
