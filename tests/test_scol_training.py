@@ -23,6 +23,7 @@ from plasticlm.scol.consolidate import (
     layer_change,
 )
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
+from plasticlm.scol.experiment import METHODS
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
 from plasticlm.scol.meta import SCoLConfig, consolidate_stream, ipo_update, meta_train
@@ -227,16 +228,19 @@ def test_cli_squad_experiment_quick(tiny, tmp_path):
                               str(folder / "squad.json"), "--out", str(out),
                               "--set", "scol.reward=intrinsic"])
     assert args.func(args) == 0
-    report = json.loads((out / "report.json").read_text())
-    assert set(report["methods"]) == {"scol", "scol_lambda0", "scol_random", "sequential_ft",
-                                      "batch_ttt", "prompting", "summarisation"}
-    for entry in report["methods"].values():
+    seed = json.loads((out / "seed-0" / "report.json").read_text())
+    assert set(seed["methods"]) == set(METHODS)
+    for entry in seed["methods"].values():
         m = entry["matrix_em"]
         assert [len(r) for r in m] == [1, 2, 3]   # lower-triangular, 3 contexts
-    assert report["config"]["scol"]["reward"] == "intrinsic"
+    assert seed["config"]["scol"]["reward"] == "intrinsic"
     for png in ("matrices.png", "summary.png", "layers.png"):
-        assert (out / png).stat().st_size > 1000
-    assert "paper immediate" in (out / "report.md").read_text()
+        assert (out / "seed-0" / png).stat().st_size > 1000
+    assert seed["methods"]["fixed_last"]["layers"] == [[3]] * 3      # 4 layers: the last
+    assert seed["methods"]["fixed_best"]["layers"] == [[seed["fixed_best"]["layer"]]] * 3
+    pooled = json.loads((out / "report.json").read_text())["summary"]
+    assert "retention_minus_untrained_policy" in pooled["scol"]
+    assert "retention - fixed last layer" in (out / "report.md").read_text()
 
 
 def test_cli_train_resume_then_run(tiny, tmp_path):
@@ -295,3 +299,21 @@ def test_longbench_streams_contain_their_evidence_chunk():
         assert evidence & {c.id for c in window}
         tail_misses += not evidence & {c.id for c in chunks[-cap:]}
     assert tail_misses > 0
+
+
+def test_retention_never_counts_the_last_context():
+    """Retention is the last row over every context but the last (just committed): a model
+    that only knows its newest context retains nothing."""
+    from plasticlm.scol.experiment import AccuracyMatrix, summarise_seeds
+
+    mat = AccuracyMatrix([])
+    mat.em = mat.f1 = [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]
+    s = mat.summary()["em"]
+    assert s["immediate"] == 1.0 and s["retention"] == 0.0
+    report = {"methods": {"scol": {"matrix_em": mat.em},
+                          "fixed_last": {"matrix_em": [[1.0], [1.0, 1.0], [1.0, 0.0, 1.0]]}},
+              "base_matrix_em": [[0.0, 0.0, 0.0]]}
+    pooled = summarise_seeds([report, report])
+    assert pooled["scol"]["retention"]["mean"] == 0.0
+    assert pooled["fixed_last"]["retention"]["mean"] == 0.5
+    assert pooled["scol"]["retention_minus_fixed_last"]["mean"] == -0.5

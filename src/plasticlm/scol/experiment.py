@@ -32,8 +32,17 @@ from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layer
 from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
 from plasticlm.scol.rewards import qa_scores
 
-METHODS = ("scol", "scol_lambda0", "scol_random", "sequential_ft", "batch_ttt", "prompting",
-           "summarisation")
+METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
+           "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
+# What each method is, as the tables name it (batch TTT trains once on the whole stream:
+# its "immediate" is its final accuracy).
+LABELS = {"scol": "SCoL (meta-trained policy, greedy)",
+          "untrained_policy": "untrained policy, greedy",
+          "fixed_last": "fixed: last layer", "fixed_best": "fixed: best single layer (train)",
+          "scol_random": "random layers (same sizes)", "scol_lambda0": "SCoL lambda = 0",
+          "sequential_ft": "sequential fine-tuning (all layers)",
+          "batch_ttt": "batch test-time training (final)",
+          "prompting": "context in the prompt", "summarisation": "running notes in the prompt"}
 PAPER = {  # methods.md section 3 (Qwen-scale models, SQuAD, 100 passages; LLM-judge accuracy)
     "scol": {"immediate": 0.3540, "retention": 0.2046},
     "scol_lambda0": {"immediate": 0.3430, "retention": 0.1464},
@@ -65,13 +74,14 @@ class ExperimentConfig:
     long_max_chunks: int = 24      # longbench: long regime
     threads: int = 1               # torch threads; tiny models gain nothing from more
     seed: int = 0
+    seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
 
 
 def quick_config() -> ExperimentConfig:
     """Sizes for a smoke test (seconds to a minute on a tiny model); the sandbox's "quick"
     preset unless a model and data are given."""
     cfg = ExperimentConfig(preset="quick", train_streams=1, stream_length=2, eval_length=3,
-                           max_chunks=3, long_max_chunks=4, prompt_tokens=128)
+                           max_chunks=3, long_max_chunks=4, prompt_tokens=128, seeds=1)
     cfg.scol.k = 2
     cfg.scol.outer_steps = 1
     cfg.scol.ipo_epochs = 1
@@ -139,14 +149,19 @@ def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequenc
         mat.add_row(model, tokenizer, t)
 
     records = None
-    if name in ("scol", "scol_lambda0", "scol_random", "sequential_ft"):
+    if name in ("scol", "scol_lambda0", "scol_random", "sequential_ft", "untrained_policy",
+                "fixed_last", "fixed_best"):
         start = policies.get("scol_lambda0" if name == "scol_lambda0" else "scol", base)
-        if name == "sequential_ft":
+        if name in ("sequential_ft", "untrained_policy", "fixed_last", "fixed_best"):
             start = base
         selection = {"scol": "greedy", "scol_lambda0": "greedy", "scol_random": "random",
-                     "sequential_ft": "all"}[name]
+                     "sequential_ft": "all", "untrained_policy": "greedy",
+                     "fixed_last": "fixed", "fixed_best": "fixed"}[name]
+        layers = {"fixed_last": (num_layers_of(base) - 1,),
+                  "fixed_best": (policies.get("best_layer", 0),)}.get(name)
         _, records, _ = consolidate_stream(copy.deepcopy(start), tokenizer, stream, lora_only,
-                                           selection, on_commit=on_commit, desc=name)
+                                           selection, on_commit=on_commit, desc=name,
+                                           layers=layers)
     elif name == "batch_ttt":
         trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
         # One training run on all contexts: only the last row exists; the diagonal of a
@@ -167,6 +182,25 @@ def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequenc
     return mat, records
 
 
+def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
+                     cfg: ExperimentConfig) -> list[float]:
+    """Per layer, the mean over the training streams of (immediate + retention) / 2 (F1)
+    when every context commits that one layer: the fixed rule a policy must beat, chosen on
+    the same streams the policy meta-trains on."""
+    scores = []
+    for layer in range(num_layers_of(base)):
+        per_stream = []
+        for s in train:
+            mat = AccuracyMatrix(s)
+            consolidate_stream(copy.deepcopy(base), tokenizer, s, copy.deepcopy(cfg.scol),
+                               "fixed", on_commit=lambda t, m, mat=mat: mat.add_row(m, tokenizer, t),
+                               layers=(layer,), desc=f"fixed layer {layer}")
+            f1 = mat.summary()["f1"]
+            per_stream.append(((f1["immediate"] or 0) + (f1["retention"] or 0)) / 2)
+        scores.append(sum(per_stream) / max(1, len(per_stream)))
+    return scores
+
+
 def load_model(cfg: ExperimentConfig):
     """``(model in float32, tokenizer)`` of the experiment, with ``cfg.threads`` threads."""
     from plasticlm.models import load_causal_lm
@@ -177,7 +211,103 @@ def load_model(cfg: ExperimentConfig):
 
 
 def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
-    """The SQuAD experiment; writes ``report.json``, ``report.md`` and plots under ``out``."""
+    """The SQuAD experiment over ``cfg.seeds`` seeds: each seed's run in ``out/seed-S``
+    (reused when its report exists for the same config), then ``report.json`` and
+    ``report.md`` in ``out`` with means and 95% intervals over seeds and contexts."""
+    out = Path(out)
+    per_seed = []
+    for i in range(cfg.seeds):
+        scfg = copy.deepcopy(cfg)
+        scfg.seed, scfg.scol.seed, scfg.seeds = cfg.seed + i, cfg.scol.seed + i, 1
+        folder = out / f"seed-{scfg.seed}"
+        done = folder / "report.json"
+        if done.exists() and json.loads(done.read_text()).get("config") == asdict(scfg):
+            per_seed.append(json.loads(done.read_text()))
+        else:
+            per_seed.append(run_squad_seed(scfg, folder, progress))
+    report = {"config": asdict(cfg), "paper": PAPER, "seeds": [r["config"]["seed"]
+                                                              for r in per_seed],
+              "summary": summarise_seeds(per_seed),
+              "seconds": sum(r["seconds"]["total"] for r in per_seed)}
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "report.md").write_text(seeds_markdown(report))
+    return report
+
+
+def _cells(report: dict, name: str) -> tuple[list[float], list[float]]:
+    """(diagonal, last row but its last entry) of a method's EM matrix: the per-context
+    items of immediate and retention."""
+    m = report["methods"][name]["matrix_em"]
+    return [row[i] for i, row in enumerate(m)], m[-1][:-1]
+
+
+def summarise_seeds(reports: list[dict]) -> dict:
+    """Per method: immediate and retention EM with 95% intervals over seeds x contexts;
+    retention net of the untouched model (paired on the same contexts); and the paired
+    differences to the controls a learned policy must beat."""
+    from plasticlm.eval import pooled_bootstrap_ci
+
+    methods = [m for m in reports[0]["methods"] if all(m in r["methods"] for r in reports)]
+    base = [r["base_matrix_em"][-1][:-1] for r in reports]
+    out = {}
+    for name in methods:
+        imm = [_cells(r, name)[0] for r in reports]
+        ret = [_cells(r, name)[1] for r in reports]
+        entry = {"immediate": asdict(pooled_bootstrap_ci(imm)),
+                 "retention": asdict(pooled_bootstrap_ci(ret)),
+                 "retention_minus_base": asdict(pooled_bootstrap_ci(ret, baseline_per_seed=base))}
+        for control in ("untrained_policy", "fixed_last", "sequential_ft"):
+            if control in methods and control != name:
+                c_imm = [_cells(r, control)[0] for r in reports]
+                c_ret = [_cells(r, control)[1] for r in reports]
+                entry[f"immediate_minus_{control}"] = asdict(
+                    pooled_bootstrap_ci(imm, baseline_per_seed=c_imm))
+                entry[f"retention_minus_{control}"] = asdict(
+                    pooled_bootstrap_ci(ret, baseline_per_seed=c_ret))
+        hist = [r["methods"][name].get("layer_histogram") for r in reports]
+        if all(h is not None for h in hist):
+            entry["layer_histogram"] = [sum(x) for x in zip(*hist)]
+        out[name] = entry
+    return out
+
+
+def seeds_markdown(report: dict) -> str:
+    """The seed-pooled table: every method beside the controls, then the paper."""
+    from plasticlm.eval import CI, format_ci
+
+    def ci(entry: dict, key: str) -> str:
+        return format_ci(CI(**entry[key]), scale=100) if key in entry else "-"
+
+    seeds = report["seeds"]
+    lines = [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); EM in %, mean [95% CI] over "
+             "seeds x evaluation contexts; differences paired on the same contexts.", "",
+             "| method | immediate | retention | retention - untouched model | "
+             "retention - untrained policy | retention - fixed last layer | "
+             "immediate - sequential FT | paper imm. | paper ret. |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, e in report["summary"].items():
+        p = PAPER.get(name, {})
+        lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate')} | "
+                     f"{ci(e, 'retention')} | {ci(e, 'retention_minus_base')} | "
+                     f"{ci(e, 'retention_minus_untrained_policy')} | "
+                     f"{ci(e, 'retention_minus_fixed_last')} | "
+                     f"{ci(e, 'immediate_minus_sequential_ft')} | "
+                     f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
+    lines += ["", "The paper's numbers are on SQuAD with Qwen-scale models that answer part of "
+              "SQuAD closed-book before any update, so its retention includes prior knowledge; "
+              "sandbox entities are unseen, so here retention net of the untouched model is "
+              "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
+              "'immediate' is its final accuracy."]
+    for name, e in report["summary"].items():
+        if "layer_histogram" in e:
+            lines.append(f"- {LABELS.get(name, name)}: layers chosen, summed over seeds "
+                         f"{e['layer_histogram']}")
+    return "\n".join(lines) + "\n"
+
+
+def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
+    """One seed of the SQuAD experiment; writes ``report.json``, ``report.md`` and plots
+    under ``out``."""
     from plasticlm.data.squad import load_squad
 
     unknown = [m for m in cfg.methods if m not in METHODS]
@@ -197,6 +327,7 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
     base_mat = AccuracyMatrix(stream)
     base_mat.add_row(base, tok, len(stream) - 1)
     report["base_closed_book"] = base_mat.summary()["em"]["final_all"]
+    report["base_matrix_em"] = base_mat.em
 
     policies: dict = {}
     needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}
@@ -212,6 +343,13 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
                                     progress=progress)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = _read_metrics(out / f"meta_{name}" / "metrics.jsonl")
+
+    if "fixed_best" in cfg.methods:
+        t = time.time()
+        per_layer = best_fixed_layer(base, tok, train, cfg)
+        policies["best_layer"] = max(range(n_layers), key=per_layer.__getitem__)
+        report["fixed_best"] = {"layer": policies["best_layer"], "train_score": per_layer}
+        report["seconds"]["choose_fixed_best"] = round(time.time() - t, 1)
 
     for name in cfg.methods:
         t = time.time()

@@ -48,7 +48,7 @@ from plasticlm.scol.rewards import (
     supervised_reward,
 )
 
-SELECTIONS = ("best", "greedy", "random", "all")
+SELECTIONS = ("best", "greedy", "random", "all", "fixed")
 
 
 @dataclass
@@ -141,14 +141,15 @@ class RewardProbe:
 def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLConfig,
                        selection: str = "best",
                        on_commit: Callable[[int, object], None] | None = None,
-                       progress: bool = False, desc: str = "consolidate"
+                       progress: bool = False, desc: str = "consolidate",
+                       layers: Sequence[int] | None = None
                        ) -> tuple[object, list[StepRecord], list[PreferencePair]]:
     """Write every context of a stream into the weights, one commit per context.
 
     ``selection``: ``best`` (K sampled candidates, the best by reward committed, preference
     pairs collected), ``greedy`` (the policy's greedy action, no reward needed), ``random``
-    (random layers, as many as the greedy action names) or ``all`` (every layer: sequential
-    fine-tuning). Returns ``(running_model, records, pairs)``; ``on_commit(t, model)`` runs
+    (random layers, as many as the greedy action names), ``all`` (every layer: sequential
+    fine-tuning) or ``fixed`` (``layers`` at every context). Returns ``(running_model, records, pairs)``; ``on_commit(t, model)`` runs
     after each commit (for evaluation).
     """
     if selection not in SELECTIONS:
@@ -156,6 +157,10 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
     model = float32_master(model)
     n_layers = num_layers_of(model)
     cfg.check(n_layers)
+    if selection == "fixed":
+        if not layers or any(not 0 <= x < n_layers for x in layers):
+            raise PlasticError(f"selection 'fixed' needs layers in 0..{n_layers - 1}, "
+                               f"got {layers!r}")
     grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -167,8 +172,8 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
         prompt = action_prompt(ctx.text, n_layers, cfg.prompt_chars)
         windows = context_windows(tokenizer, ctx.text, cfg.lora.max_tokens)
         seed = cfg.seed * 100_003 + t
-        if selection == "all":
-            actions = [tuple(range(n_layers))]
+        if selection in ("all", "fixed"):
+            actions = [tuple(range(n_layers)) if selection == "all" else tuple(sorted(layers))]
             completions = [[]]
         else:
             k = cfg.k if selection == "best" else 1
