@@ -317,3 +317,18 @@ def test_retention_never_counts_the_last_context():
     assert pooled["scol"]["retention"]["mean"] == 0.0
     assert pooled["fixed_last"]["retention"]["mean"] == 0.5
     assert pooled["scol"]["retention_minus_fixed_last"]["mean"] == -0.5
+
+
+def test_sandbox_questions_carry_their_legal_answer_sets():
+    """Every closed-attribute question of the quick world's SQuAD passages gets the legal
+    set its gold answer is in, so the legal-answer rate measures well-formedness."""
+    from plasticlm.data.squad import load_squad
+    from plasticlm.scol.experiment import legal_sets, quick_config, resolve_world_file
+
+    cfg = quick_config()
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                      legal_sets(cfg))
+    questions = [q for c in contexts for q in c.questions]
+    closed = [q for q in questions if q.legal]
+    assert closed and len(closed) < len(questions)      # open attributes stay open
+    assert all(q.answers[0] in q.legal for q in closed)

@@ -388,3 +388,10 @@ def question_meta(index: dict, role: str = "core") -> dict[tuple[str, str, int],
     """``(subject, split, index) -> fact record`` for the MC questions of ``role``."""
     return {(q["subject"], q["split"], q["index"]): q for q in index["questions"]
             if q["role"] == role}
+
+
+def closed_value_sets(index: dict) -> dict[tuple[str, str], tuple[str, ...]]:
+    """``(domain, attribute) -> legal values`` of every closed attribute of a world index
+    (:func:`read_world_index`); the legal-answer rate checks generations against these."""
+    return {(d, a): tuple(spec["values"]) for d, dom in index["domains"].items()
+            for a, spec in dom["attributes"].items() if spec.get("closed")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from plasticlm.errors import PlasticError
@@ -20,10 +20,13 @@ class Context:
     questions: tuple[Question, ...] = ()
 
 
-def contexts_from_passages(passages) -> list[Context]:
-    """SQuAD passages (``plasticlm.data.records.Passage``) as contexts with their questions."""
+def contexts_from_passages(passages, legal: Callable[[str], tuple[str, ...]] | None = None
+                           ) -> list[Context]:
+    """SQuAD passages (``plasticlm.data.records.Passage``) as contexts with their questions;
+    ``legal(question_id)`` gives a question's closed set of legal answers (empty: open)."""
     return [Context(p.title or f"passage-{i}", p.context,
-                    tuple(Question(q.question, tuple(a.text for a in q.answers)) for q in p.qas))
+                    tuple(Question(q.question, tuple(a.text for a in q.answers),
+                                   legal(q.id) if legal else ()) for q in p.qas))
             for i, p in enumerate(passages)]
 
 

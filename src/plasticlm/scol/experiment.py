@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import encode_pair, pad_id_of, qa_continuation, qa_prompt, score_continuations
+from plasticlm.eval import (
+    encode_pair,
+    is_legal,
+    pad_id_of,
+    qa_continuation,
+    qa_prompt,
+    score_continuations,
+    squad_score,
+)
 from plasticlm.runs import set_threads
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
 from plasticlm.scol.consolidate import float32_master, num_layers_of
@@ -30,7 +38,7 @@ from plasticlm.scol.contexts import (
 )
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
-from plasticlm.scol.rewards import qa_scores
+from plasticlm.scol.rewards import qa_answers
 
 METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
            "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
@@ -114,13 +122,18 @@ class AccuracyMatrix:
         self.contexts = list(contexts)
         self.em: list[list[float]] = []
         self.f1: list[list[float]] = []
+        self.legal: list[float | None] = []   # per row: share of closed-set answers legal
 
     def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
         qs, owner = [], []
         for i, c in enumerate(self.contexts[: upto + 1]):
             qs += c.questions
             owner += [i] * len(c.questions)
-        scores = qa_scores(model, tokenizer, qs, prefix)
+        preds = qa_answers(model, tokenizer, qs, prefix)
+        scores = [squad_score(p, list(q.answers)) for p, q in zip(preds, qs)]
+        closed = [(p, q.legal) for p, q in zip(preds, qs) if q.legal]
+        self.legal.append(sum(is_legal(p, v) for p, v in closed) / len(closed)
+                          if closed else None)
         em_row, f1_row = [], []
         for i in range(upto + 1):
             mine = [s for s, o in zip(scores, owner) if o == i]
@@ -137,7 +150,8 @@ class AccuracyMatrix:
                     "retention": (sum(last[:-1]) / (len(last) - 1)) if len(last) > 1 else None,
                     "final_all": sum(last) / len(last) if last else None}
         return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
-                "matrix_f1": self.f1}
+                "matrix_f1": self.f1, "legal": self.legal,
+                "legal_final": self.legal[-1] if self.legal else None}
 
 
 def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
@@ -180,6 +194,22 @@ def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequenc
     else:
         raise PlasticError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     return mat, records
+
+
+def legal_sets(cfg: ExperimentConfig):
+    """``question id -> legal values`` for the sandbox world's questions (ids are
+    ``domain.split.n.attribute``); None for a real SQuAD file (open answers)."""
+    if cfg.squad:
+        return None
+    from plasticlm.data.world import closed_value_sets, read_world_index
+    from plasticlm.sandbox import sandbox_world
+
+    sets = closed_value_sets(read_world_index(sandbox_world(cfg.preset)))
+
+    def legal(qid: str) -> tuple[str, ...]:
+        parts = qid.split(".")
+        return sets.get((parts[0], parts[-1]), ())
+    return legal
 
 
 def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
@@ -264,6 +294,11 @@ def summarise_seeds(reports: list[dict]) -> dict:
                     pooled_bootstrap_ci(imm, baseline_per_seed=c_imm))
                 entry[f"retention_minus_{control}"] = asdict(
                     pooled_bootstrap_ci(ret, baseline_per_seed=c_ret))
+        legal = [r["methods"][name].get("legal_final") for r in reports]
+        base_legal = [r.get("base_legal") for r in reports]
+        if all(x is not None for x in legal + base_legal):
+            entry["legal_final"] = sum(legal) / len(legal)
+            entry["legal_untouched"] = sum(base_legal) / len(base_legal)
         hist = [r["methods"][name].get("layer_histogram") for r in reports]
         if all(h is not None for h in hist):
             entry["layer_histogram"] = [sum(x) for x in zip(*hist)]
@@ -283,15 +318,17 @@ def seeds_markdown(report: dict) -> str:
              "seeds x evaluation contexts; differences paired on the same contexts.", "",
              "| method | immediate | retention | retention - untouched model | "
              "retention - untrained policy | retention - fixed last layer | "
-             "immediate - sequential FT | paper imm. | paper ret. |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "immediate - sequential FT | legal answers after the stream | paper imm. | "
+             "paper ret. |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, e in report["summary"].items():
         p = PAPER.get(name, {})
+        legal = (f"{100 * e['legal_final']:.0f}% (untouched {100 * e['legal_untouched']:.0f}%)"
+                 if "legal_final" in e else "-")
         lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate')} | "
                      f"{ci(e, 'retention')} | {ci(e, 'retention_minus_base')} | "
                      f"{ci(e, 'retention_minus_untrained_policy')} | "
                      f"{ci(e, 'retention_minus_fixed_last')} | "
-                     f"{ci(e, 'immediate_minus_sequential_ft')} | "
+                     f"{ci(e, 'immediate_minus_sequential_ft')} | {legal} | "
                      f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
     lines += ["", "The paper's numbers are on SQuAD with Qwen-scale models that answer part of "
               "SQuAD closed-book before any update, so its retention includes prior knowledge; "
@@ -318,7 +355,8 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     base, tok = load_model(cfg)
-    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                      legal_sets(cfg))
     train, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length,
                                   cfg.eval_length, cfg.seed)
     n_layers = num_layers_of(base)
@@ -328,6 +366,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     base_mat.add_row(base, tok, len(stream) - 1)
     report["base_closed_book"] = base_mat.summary()["em"]["final_all"]
     report["base_matrix_em"] = base_mat.em
+    report["base_legal"] = base_mat.legal[-1]
 
     policies: dict = {}
     needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}

@@ -27,6 +27,7 @@ class Question:
 
     question: str
     answers: tuple[str, ...]
+    legal: tuple[str, ...] = ()    # the closed set of legal answers; empty when open
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,20 @@ def qa_prompt(question: str, prefix: str = "") -> str:
 
 
 @torch.no_grad()
+def qa_answers(model, tokenizer, questions: Sequence[Question], prefix: str = "",
+               max_new_tokens: int = 8, batch_size: int = 16) -> list[str]:
+    """Greedy closed-book answers, one per question."""
+    if not questions:
+        return []
+    return generate_texts(model, tokenizer, [qa_prompt(q.question, prefix) for q in questions],
+                          max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          stop=ANSWER_STOPS)
+
+
 def qa_scores(model, tokenizer, questions: Sequence[Question], prefix: str = "",
               max_new_tokens: int = 8, batch_size: int = 16) -> list[tuple[float, float]]:
     """``(exact_match, f1)`` per question of greedy closed-book answers."""
-    if not questions:
-        return []
-    preds = generate_texts(model, tokenizer, [qa_prompt(q.question, prefix) for q in questions],
-                           max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           stop=ANSWER_STOPS)
+    preds = qa_answers(model, tokenizer, questions, prefix, max_new_tokens, batch_size)
     return [squad_score(p, list(q.answers)) for p, q in zip(preds, questions)]
 
 
