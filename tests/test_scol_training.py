@@ -332,3 +332,35 @@ def test_sandbox_questions_carry_their_legal_answer_sets():
     closed = [q for q in questions if q.legal]
     assert closed and len(closed) < len(questions)      # open attributes stay open
     assert all(q.answers[0] in q.legal for q in closed)
+
+
+def test_inner_update_sweep_quick(tmp_path, capsys):
+    """The sweep runs every grid setting on the same stream and layers; an update at
+    lr = 1e-9 leaves the model as it was (legal rate equal to the untouched model's), and the
+    recommendation is one of the settings that keep the legal rate."""
+    from plasticlm.cli import main
+
+    out = tmp_path / "sweep"
+    assert main(["scol", "experiment", "sweep", "--quick", "--no-progress", "--out", str(out),
+                 "--sweep", 'modules=["mlp"]', "--sweep", "steps=[2]", "--sweep",
+                 "lr=[1e-9,3e-3]", "--sweep", "replay=[0,2]"]) == 0
+    report = json.loads((out / "sweep.json").read_text())
+    assert len(report["results"]) == 4
+    assert len({json.dumps(r["layers"]) for r in report["results"]}) == 1
+    frozen = [r for r in report["results"] if r["setting"]["lr"] == 1e-9]
+    assert all(r["legal_final"] == report["untouched"]["legal"] for r in frozen)
+    keep = report["sweep"]["keep_legal"] * report["untouched"]["legal"]
+    kept = [r["setting"] for r in report["results"] if r["legal_final"] >= keep]
+    assert report["recommended"] in kept
+    assert "Recommended" in capsys.readouterr().out
+
+
+def test_replay_adds_generic_rows_deterministically():
+    from plasticlm.scol.consolidate import with_replay
+
+    windows = torch.stack([torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)])
+    pool = torch.stack([torch.arange(24).view(3, 8), torch.arange(24).view(3, 8)])
+    out = with_replay(windows, pool, 2, pad=0, seed=1)
+    assert out.shape == (2, 4, 8) and torch.equal(out, with_replay(windows, pool, 2, 0, 1))
+    assert (out[1, :2, 5:] == -100).all()          # context rows padded, labels ignored
+    assert torch.equal(with_replay(windows, pool, 0, 0, 1), windows)

@@ -39,12 +39,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--out", default="runs/scol-run")
     q.set_defaults(func=_run)
 
-    q = vs.add_parser("experiment", help="squad | longbench | fisher, with report and plots",
+    q = vs.add_parser("experiment", help="squad | longbench | fisher | sweep, with reports",
                       description="Run an experiment; report.json/report.md and PNG plots go "
-                      "into OUT.")
-    q.add_argument("which", choices=("squad", "longbench", "fisher"))
+                      "into OUT. 'sweep' calibrates the inner update (LoRA modules, steps, "
+                      "lr, rank, replay) on the evaluation stream.")
+    q.add_argument("which", choices=("squad", "longbench", "fisher", "sweep"))
     _common(q)
     q.add_argument("--policy", help="fisher: policy checkpoint (default: the base model)")
+    q.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE",
+                   help="sweep: grid overrides, e.g. --sweep 'lr=[1e-3,3e-3]' --sweep "
+                   "'modules=[\"mlp\"]'")
     q.add_argument("--out", default=None, help="run folder (default runs/scol-<which>)")
     q.set_defaults(func=_experiment)
 
@@ -151,6 +155,13 @@ def _experiment(args) -> int:
         report = run_squad(cfg, out, progress=progress)
         print((Path(out) / "report.md").read_text())
         print(f"seconds: {report['seconds']}")
+    elif args.which == "sweep":
+        from plasticlm.config import load_config
+        from plasticlm.scol.calibrate import SweepConfig, run_sweep
+
+        report = run_sweep(cfg, load_config(SweepConfig, None, args.sweep), out,
+                           progress=progress)
+        print((Path(out) / "sweep.md").read_text())
     elif args.which == "fisher":
         report = run_fisher(cfg, out, args.policy, progress=progress)
         print(json.dumps({k: report[k] for k in ("recall_selected", "recall_random",

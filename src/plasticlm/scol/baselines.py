@@ -10,7 +10,14 @@ from collections.abc import Sequence
 import torch
 
 from plasticlm.eval import generate_texts
-from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, context_windows, num_layers_of
+from plasticlm.scol.consolidate import (
+    LoraTrainConfig,
+    adapt_lora,
+    context_windows,
+    num_layers_of,
+    pad_of,
+    stack_windows,
+)
 from plasticlm.scol.contexts import Context
 
 
@@ -50,16 +57,8 @@ def batch_ttt(model, tokenizer, contexts: Sequence[Context], cfg: LoraTrainConfi
     """Test-time training on all contexts at once: LoRA on every layer, one run with the
     stream's budget (``cfg.steps`` steps per context, each on one random context, so the
     same updates and tokens as sequential fine-tuning), merged. Returns the model."""
-    windows = [context_windows(tokenizer, c.text, cfg.max_tokens) for c in contexts]
-    width = max(w.shape[-1] for w in windows)
-    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    padded = []
-    for w in windows:
-        extra = width - w.shape[-1]
-        ids = torch.nn.functional.pad(w[0], (0, extra), value=pad)
-        labels = torch.nn.functional.pad(w[1], (0, extra), value=-100)
-        padded.append(torch.stack([ids, labels]))
-    all_windows = torch.cat(padded, dim=1)
+    all_windows = stack_windows([context_windows(tokenizer, c.text, cfg.max_tokens)
+                                 for c in contexts], pad_of(tokenizer))
     budget = LoraTrainConfig(**{**cfg.__dict__, "steps": cfg.steps * len(contexts)})
     merged, _ = adapt_lora(model, range(num_layers_of(model)), all_windows, budget, seed,
                            rows_per_step=max(1, all_windows.shape[1] // len(contexts)))

@@ -30,6 +30,7 @@ class LoraTrainConfig:
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
     max_tokens: int = 256       # longer contexts are cut into windows of this many tokens
     grad_clip: float = 1.0
+    replay: int = 0             # windows of generic text trained beside each context (0: none)
 
 
 def num_layers_of(model) -> int:
@@ -56,13 +57,39 @@ def context_windows(tokenizer, text: str, max_tokens: int) -> torch.Tensor:
     rows = [ids[i: i + max_tokens] for i in range(0, len(ids) - 1, max_tokens - 1)]
     rows = [r for r in rows if len(r) >= 2]
     width = max(len(r) for r in rows)
-    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    out = torch.full((len(rows), width), pad_of(tokenizer), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r)
         labels[i, : len(r)] = torch.tensor(r)
     return torch.stack([out, labels])
+
+
+def pad_of(tokenizer) -> int:
+    """The id that pads context windows (EOS, as :func:`context_windows` pads)."""
+    return tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+
+
+def stack_windows(windows: list[torch.Tensor], pad: int) -> torch.Tensor:
+    """Several ``context_windows`` results as one [2, N, T] (right-padded to the widest)."""
+    width = max(w.shape[-1] for w in windows)
+    out = []
+    for w in windows:
+        extra = width - w.shape[-1]
+        out.append(torch.stack([F.pad(w[0], (0, extra), value=pad),
+                                F.pad(w[1], (0, extra), value=-100)]))
+    return torch.cat(out, dim=1)
+
+
+def with_replay(windows: torch.Tensor, pool: torch.Tensor | None, n: int, pad: int,
+                seed: int) -> torch.Tensor:
+    """``windows`` plus ``n`` rows of generic text drawn from ``pool`` by ``seed`` (the
+    rows the update replays so that learning a context does not unlearn the language)."""
+    if n <= 0 or pool is None or pool.shape[1] == 0:
+        return windows
+    gen = torch.Generator().manual_seed(seed)
+    rows = pool[:, torch.randperm(pool.shape[1], generator=gen)[:n]]
+    return stack_windows([windows, rows], pad)
 
 
 def lm_loss(model, windows: torch.Tensor) -> torch.Tensor:

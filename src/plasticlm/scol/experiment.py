@@ -28,7 +28,13 @@ from plasticlm.eval import (
 )
 from plasticlm.runs import set_threads
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
-from plasticlm.scol.consolidate import float32_master, num_layers_of
+from plasticlm.scol.consolidate import (
+    context_windows,
+    float32_master,
+    num_layers_of,
+    pad_of,
+    stack_windows,
+)
 from plasticlm.scol.contexts import (
     Context,
     chunk_text,
@@ -154,8 +160,21 @@ class AccuracyMatrix:
                 "legal_final": self.legal[-1] if self.legal else None}
 
 
+def replay_pool(cfg: ExperimentConfig, tokenizer):
+    """Generic text the inner update may replay (``scol.lora.replay`` > 0): windows of the
+    sandbox world's corpus documents; None for real data or when replay is off."""
+    if cfg.scol.lora.replay <= 0 or cfg.squad:
+        return None
+    from plasticlm.data.corpus import load_text_corpus
+    from plasticlm.sandbox import sandbox_world
+
+    docs = load_text_corpus(sandbox_world(cfg.preset) / "corpus" / "train.txt")[:512]
+    return stack_windows([context_windows(tokenizer, d.text, cfg.scol.lora.max_tokens)
+                          for d in docs], pad_of(tokenizer))
+
+
 def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
-                     cfg: ExperimentConfig) -> tuple[AccuracyMatrix, list | None]:
+                     cfg: ExperimentConfig, replay=None) -> tuple[AccuracyMatrix, list | None]:
     mat = AccuracyMatrix(stream)
     lora_only = copy.deepcopy(cfg.scol)
 
@@ -175,7 +194,7 @@ def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequenc
                   "fixed_best": (policies.get("best_layer", 0),)}.get(name)
         _, records, _ = consolidate_stream(copy.deepcopy(start), tokenizer, stream, lora_only,
                                            selection, on_commit=on_commit, desc=name,
-                                           layers=layers)
+                                           layers=layers, replay=replay)
     elif name == "batch_ttt":
         trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
         # One training run on all contexts: only the last row exists; the diagonal of a
@@ -213,7 +232,7 @@ def legal_sets(cfg: ExperimentConfig):
 
 
 def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
-                     cfg: ExperimentConfig) -> list[float]:
+                     cfg: ExperimentConfig, replay=None) -> list[float]:
     """Per layer, the mean over the training streams of (immediate + retention) / 2 (F1)
     when every context commits that one layer: the fixed rule a policy must beat, chosen on
     the same streams the policy meta-trains on."""
@@ -224,7 +243,7 @@ def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
             mat = AccuracyMatrix(s)
             consolidate_stream(copy.deepcopy(base), tokenizer, s, copy.deepcopy(cfg.scol),
                                "fixed", on_commit=lambda t, m, mat=mat: mat.add_row(m, tokenizer, t),
-                               layers=(layer,), desc=f"fixed layer {layer}")
+                               layers=(layer,), desc=f"fixed layer {layer}", replay=replay)
             f1 = mat.summary()["f1"]
             per_stream.append(((f1["immediate"] or 0) + (f1["retention"] or 0)) / 2)
         scores.append(sum(per_stream) / max(1, len(per_stream)))
@@ -360,6 +379,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     train, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length,
                                   cfg.eval_length, cfg.seed)
     n_layers = num_layers_of(base)
+    replay = replay_pool(cfg, tok)
     report: dict = {"config": asdict(cfg), "paper": PAPER, "num_layers": n_layers,
                     "eval_contexts": [c.id for c in stream], "methods": {}, "seconds": {}}
     base_mat = AccuracyMatrix(stream)
@@ -379,20 +399,20 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
         if name == "scol_lambda0" and cfg.lambda0_outer_steps >= 0:
             mcfg.outer_steps = cfg.lambda0_outer_steps
         policies[name] = meta_train(copy.deepcopy(base), tok, train, mcfg, out / f"meta_{name}",
-                                    progress=progress)
+                                    progress=progress, replay=replay)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = _read_metrics(out / f"meta_{name}" / "metrics.jsonl")
 
     if "fixed_best" in cfg.methods:
         t = time.time()
-        per_layer = best_fixed_layer(base, tok, train, cfg)
+        per_layer = best_fixed_layer(base, tok, train, cfg, replay)
         policies["best_layer"] = max(range(n_layers), key=per_layer.__getitem__)
         report["fixed_best"] = {"layer": policies["best_layer"], "train_score": per_layer}
         report["seconds"]["choose_fixed_best"] = round(time.time() - t, 1)
 
     for name in cfg.methods:
         t = time.time()
-        mat, records = _evaluate_method(name, base, policies, tok, stream, cfg)
+        mat, records = _evaluate_method(name, base, policies, tok, stream, cfg, replay)
         entry = mat.summary()
         if records is not None:
             entry["layers"] = [list(r.layers) for r in records]

@@ -30,6 +30,8 @@ from plasticlm.scol.consolidate import (
     context_windows,
     float32_master,
     num_layers_of,
+    pad_of,
+    with_replay,
 )
 from plasticlm.scol.contexts import Context
 from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
@@ -142,14 +144,16 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
                        selection: str = "best",
                        on_commit: Callable[[int, object], None] | None = None,
                        progress: bool = False, desc: str = "consolidate",
-                       layers: Sequence[int] | None = None
+                       layers: Sequence[int] | None = None, replay: torch.Tensor | None = None
                        ) -> tuple[object, list[StepRecord], list[PreferencePair]]:
     """Write every context of a stream into the weights, one commit per context.
 
     ``selection``: ``best`` (K sampled candidates, the best by reward committed, preference
     pairs collected), ``greedy`` (the policy's greedy action, no reward needed), ``random``
     (random layers, as many as the greedy action names), ``all`` (every layer: sequential
-    fine-tuning) or ``fixed`` (``layers`` at every context). Returns ``(running_model, records, pairs)``; ``on_commit(t, model)`` runs
+    fine-tuning) or ``fixed`` (``layers`` at every context). With ``cfg.lora.replay`` > 0,
+    each update also trains on that many windows of ``replay`` (generic text, [2, N, T]).
+    Returns ``(running_model, records, pairs)``; ``on_commit(t, model)`` runs
     after each commit (for evaluation).
     """
     if selection not in SELECTIONS:
@@ -170,8 +174,9 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
         t0 = time.time()
         ctx = contexts[t]
         prompt = action_prompt(ctx.text, n_layers, cfg.prompt_chars)
-        windows = context_windows(tokenizer, ctx.text, cfg.lora.max_tokens)
         seed = cfg.seed * 100_003 + t
+        windows = with_replay(context_windows(tokenizer, ctx.text, cfg.lora.max_tokens), replay,
+                              cfg.lora.replay, pad_of(tokenizer), seed)
         if selection in ("all", "fixed"):
             actions = [tuple(range(n_layers)) if selection == "all" else tuple(sorted(layers))]
             completions = [[]]
@@ -331,7 +336,8 @@ def action_stats(records: Sequence[StepRecord], num_layers: int) -> dict:
 
 
 def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCoLConfig,
-               out: str | Path, resume: bool = False, progress: bool = True):
+               out: str | Path, resume: bool = False, progress: bool = True,
+               replay: torch.Tensor | None = None):
     """Meta-train theta_0 = ``policy`` over ``streams`` for ``cfg.outer_steps`` outer steps.
 
     Each outer step consolidates one stream (cycling) from theta_0 with best-of-K commits,
@@ -393,7 +399,8 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         step_cfg = copy.deepcopy(cfg)
         step_cfg.seed = cfg.seed * 1000 + step
         _, records, pairs = consolidate_stream(copy.deepcopy(policy), tokenizer, stream,
-                                               step_cfg, "best", desc=f"outer step {step}")
+                                               step_cfg, "best", desc=f"outer step {step}",
+                                               replay=replay)
         buffer = (pairs + buffer)[: cfg.pair_buffer] if cfg.pair_buffer else pairs
         stats = ipo_update(policy, reference, buffer, opt, cfg, grammar,
                            reference_logps if fixed is not None else None)
