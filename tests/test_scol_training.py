@@ -364,3 +364,19 @@ def test_replay_adds_generic_rows_deterministically():
     assert out.shape == (2, 4, 8) and torch.equal(out, with_replay(windows, pool, 2, 0, 1))
     assert (out[1, :2, 5:] == -100).all()          # context rows padded, labels ignored
     assert torch.equal(with_replay(windows, pool, 0, 0, 1), windows)
+
+
+def test_oracle_gate_quick(tmp_path):
+    """Every (context, action) is scored with two LoRA seeds; the oracle is never below the
+    best constant action on the seed it was picked with."""
+    from plasticlm.cli import main
+
+    out = tmp_path / "gate"
+    assert main(["scol", "experiment", "gate", "--quick", "--no-progress", "--out", str(out),
+                 "--set", "scol.max_layers=1"]) == 0
+    report = json.loads((out / "gate.json").read_text())
+    n = report["contexts"]
+    assert report["actions"] == [[i] for i in range(len(report["actions"]))]
+    assert all(len(report["scores"][s]) == n for s in ("0", "1"))
+    assert report["oracle"] >= report["best_constant"]["score"]
+    assert report["passes"] == (report["gap_cross_fitted_pp"] >= report["threshold_pp"])

@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = vs.add_parser("experiment", help="squad | longbench | fisher | sweep, with reports",
                       description="Run an experiment; report.json/report.md and PNG plots go "
                       "into OUT. 'sweep' calibrates the inner update (LoRA modules, steps, "
-                      "lr, rank, replay) on the evaluation stream.")
-    q.add_argument("which", choices=("squad", "longbench", "fisher", "sweep"))
+                      "lr, rank, replay) on the evaluation stream; 'gate' asks whether the best "
+                      "per-context layer choice beats the best fixed one (the oracle gate).")
+    q.add_argument("which", choices=("squad", "longbench", "fisher", "sweep", "gate"))
     _common(q)
     q.add_argument("--policy", help="fisher: policy checkpoint (default: the base model)")
     q.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE",
@@ -162,6 +163,11 @@ def _experiment(args) -> int:
         report = run_sweep(cfg, load_config(SweepConfig, None, args.sweep), out,
                            progress=progress)
         print((Path(out) / "sweep.md").read_text())
+    elif args.which == "gate":
+        from plasticlm.scol.calibrate import oracle_gate
+
+        oracle_gate(cfg, out, max_layers=cfg.scol.max_layers, progress=progress)
+        print((Path(out) / "gate.md").read_text())
     elif args.which == "fisher":
         report = run_fisher(cfg, out, args.policy, progress=progress)
         print(json.dumps({k: report[k] for k in ("recall_selected", "recall_random",
