@@ -380,3 +380,21 @@ def test_oracle_gate_quick(tmp_path):
     assert all(len(report["scores"][s]) == n for s in ("0", "1"))
     assert report["oracle"] >= report["best_constant"]["score"]
     assert report["passes"] == (report["gap_cross_fitted_pp"] >= report["threshold_pp"])
+
+
+def test_sandbox_questions_have_an_entity_swapped_twin():
+    """Each quick-world question gets the same question about a name no world entity has
+    (one name per entity), keeping its gold answers: the entity-swap control."""
+    from plasticlm.data.squad import load_squad
+    from plasticlm.data.world import read_world_index
+    from plasticlm.sandbox import sandbox_world
+    from plasticlm.scol.experiment import quick_config, resolve_world_file, swap_names
+
+    cfg = quick_config()
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                      swap=swap_names(cfg))
+    names = {e["name"] for e in read_world_index(sandbox_world("quick"))["entities"]}
+    for c in contexts:
+        for q in c.questions:
+            assert q.swapped and c.id in q.question and c.id not in q.swapped
+        assert not any(n in q.swapped for q in c.questions for n in names if len(n) > 3)

@@ -20,13 +20,16 @@ class Context:
     questions: tuple[Question, ...] = ()
 
 
-def contexts_from_passages(passages, legal: Callable[[str], tuple[str, ...]] | None = None
-                           ) -> list[Context]:
+def contexts_from_passages(passages, legal: Callable[[str], tuple[str, ...]] | None = None,
+                           swap: Callable[[str, str, str], str] | None = None) -> list[Context]:
     """SQuAD passages (``plasticlm.data.records.Passage``) as contexts with their questions;
-    ``legal(question_id)`` gives a question's closed set of legal answers (empty: open)."""
+    ``legal(question_id)`` gives a question's closed set of legal answers (empty: open) and
+    ``swap(question_id, question, title)`` the same question about an unseen entity."""
     return [Context(p.title or f"passage-{i}", p.context,
                     tuple(Question(q.question, tuple(a.text for a in q.answers),
-                                   legal(q.id) if legal else ()) for q in p.qas))
+                                   legal(q.id) if legal else (),
+                                   swap(q.id, q.question, p.title) if swap else "")
+                          for q in p.qas))
             for i, p in enumerate(passages)]
 
 

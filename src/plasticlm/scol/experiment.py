@@ -44,7 +44,7 @@ from plasticlm.scol.contexts import (
 )
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
-from plasticlm.scol.rewards import qa_answers
+from plasticlm.scol.rewards import Question, qa_answers
 
 METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
            "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
@@ -129,6 +129,10 @@ class AccuracyMatrix:
         self.em: list[list[float]] = []
         self.f1: list[list[float]] = []
         self.legal: list[float | None] = []   # per row: share of closed-set answers legal
+        # the entity-swap control: EM of the same questions about an unseen entity, for the
+        # row's newest context (immediate) and, in the stream's last row, every context
+        self.swap_diag: list[float] = []
+        self.swap_last: list[float] = []
 
     def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
         qs, owner = [], []
@@ -140,6 +144,20 @@ class AccuracyMatrix:
         closed = [(p, q.legal) for p, q in zip(preds, qs) if q.legal]
         self.legal.append(sum(is_legal(p, v) for p, v in closed) / len(closed)
                           if closed else None)
+        last = upto == len(self.contexts) - 1
+        swapped = [(i, q) for i, q in zip(owner, qs) if q.swapped and (last or i == upto)]
+        if swapped:
+            swap_preds = qa_answers(model, tokenizer, [Question(q.swapped, q.answers)
+                                                       for _, q in swapped], prefix)
+            em = [(i, squad_score(p, list(q.answers))[0])
+                  for (i, q), p in zip(swapped, swap_preds)]
+
+            def mean_of(j: int) -> float:
+                xs = [e for i, e in em if i == j]
+                return sum(xs) / max(1, len(xs))
+            self.swap_diag.append(mean_of(upto))
+            if last:
+                self.swap_last = [mean_of(j) for j in range(upto + 1)]
         em_row, f1_row = [], []
         for i in range(upto + 1):
             mine = [s for s, o in zip(scores, owner) if o == i]
@@ -157,7 +175,8 @@ class AccuracyMatrix:
                     "final_all": sum(last) / len(last) if last else None}
         return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
                 "matrix_f1": self.f1, "legal": self.legal,
-                "legal_final": self.legal[-1] if self.legal else None}
+                "legal_final": self.legal[-1] if self.legal else None,
+                "swap_diag": self.swap_diag, "swap_last": self.swap_last}
 
 
 def replay_pool(cfg: ExperimentConfig, tokenizer):
@@ -202,6 +221,8 @@ def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequenc
         mat.add_row(trained, tokenizer, len(stream) - 1)
         mat.em = [mat.em[0][: i + 1] for i in range(len(stream) - 1)] + mat.em
         mat.f1 = [mat.f1[0][: i + 1] for i in range(len(stream) - 1)] + mat.f1
+        if mat.swap_last:
+            mat.swap_diag = list(mat.swap_last)
     elif name == "prompting":
         for t in range(len(stream)):
             mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
@@ -229,6 +250,37 @@ def legal_sets(cfg: ExperimentConfig):
         parts = qid.split(".")
         return sets.get((parts[0], parts[-1]), ())
     return legal
+
+
+def swap_names(cfg: ExperimentConfig):
+    """``(question_id, question, title) -> question`` about an unseen entity of the same
+    kind (the sandbox world's names are avoided; one name per title, by seed); None for a
+    real SQuAD file."""
+    if cfg.squad:
+        return None
+    import random
+
+    from plasticlm.data.world import read_world_index
+    from plasticlm.data.world_domains import KINDS, entity_name
+    from plasticlm.eval import swap_entity
+    from plasticlm.sandbox import sandbox_world
+
+    index = read_world_index(sandbox_world(cfg.preset))
+    taken = {e["name"] for e in index["entities"]}
+    names: dict[str, str] = {}
+
+    def swap(qid: str, question: str, title: str) -> str:
+        if title not in names:
+            rng = random.Random(f"{cfg.seed}:{title}")
+            name = entity_name(KINDS[qid.split(".")[0]], rng)
+            while name in taken or name == title:
+                name = entity_name(KINDS[qid.split(".")[0]], rng)
+            names[title] = name
+        try:
+            return swap_entity(question, title, names[title])
+        except ValueError:   # the question does not name its passage's entity
+            return ""
+    return swap
 
 
 def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
@@ -313,6 +365,14 @@ def summarise_seeds(reports: list[dict]) -> dict:
                     pooled_bootstrap_ci(imm, baseline_per_seed=c_imm))
                 entry[f"retention_minus_{control}"] = asdict(
                     pooled_bootstrap_ci(ret, baseline_per_seed=c_ret))
+        swap_imm = [r["methods"][name].get("swap_diag") or [] for r in reports]
+        swap_ret = [(r["methods"][name].get("swap_last") or [])[:-1] for r in reports]
+        if all(swap_imm) and all(len(x) == len(y) for x, y in zip(swap_imm, imm)):
+            entry["immediate_swapped"] = asdict(pooled_bootstrap_ci(swap_imm))
+            entry["immediate_minus_swapped"] = asdict(
+                pooled_bootstrap_ci(imm, baseline_per_seed=swap_imm))
+        if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
+            entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
         legal = [r["methods"][name].get("legal_final") for r in reports]
         base_legal = [r.get("base_legal") for r in reports]
         if all(x is not None for x in legal + base_legal):
@@ -335,21 +395,25 @@ def seeds_markdown(report: dict) -> str:
     seeds = report["seeds"]
     lines = [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); EM in %, mean [95% CI] over "
              "seeds x evaluation contexts; differences paired on the same contexts.", "",
-             "| method | immediate | retention | retention - untouched model | "
-             "retention - untrained policy | retention - fixed last layer | "
-             "immediate - sequential FT | legal answers after the stream | paper imm. | "
-             "paper ret. |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | immediate | immediate, entity swapped | retention | retention, "
+             "entity swapped | retention - untouched model | retention - untrained policy | "
+             "retention - fixed last layer | immediate - sequential FT | legal answers after "
+             "the stream | paper imm. | paper ret. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, e in report["summary"].items():
         p = PAPER.get(name, {})
         legal = (f"{100 * e['legal_final']:.0f}% (untouched {100 * e['legal_untouched']:.0f}%)"
                  if "legal_final" in e else "-")
         lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate')} | "
-                     f"{ci(e, 'retention')} | {ci(e, 'retention_minus_base')} | "
+                     f"{ci(e, 'immediate_swapped')} | {ci(e, 'retention')} | "
+                     f"{ci(e, 'retention_swapped')} | {ci(e, 'retention_minus_base')} | "
                      f"{ci(e, 'retention_minus_untrained_policy')} | "
                      f"{ci(e, 'retention_minus_fixed_last')} | "
                      f"{ci(e, 'immediate_minus_sequential_ft')} | {legal} | "
                      f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
-    lines += ["", "The paper's numbers are on SQuAD with Qwen-scale models that answer part of "
+    lines += ["", "Entity swapped: the same questions about an unseen entity of the same kind; "
+              "what remains is what the template, the value set and recency give without "
+              "knowing the entity.", "The paper's numbers are on SQuAD with Qwen-scale models that answer part of "
               "SQuAD closed-book before any update, so its retention includes prior knowledge; "
               "sandbox entities are unseen, so here retention net of the untouched model is "
               "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
@@ -375,7 +439,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     t_start = time.time()
     base, tok = load_model(cfg)
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
-                                      legal_sets(cfg))
+                                      legal_sets(cfg), swap_names(cfg))
     train, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length,
                                   cfg.eval_length, cfg.seed)
     n_layers = num_layers_of(base)

@@ -28,6 +28,7 @@ class Question:
     question: str
     answers: tuple[str, ...]
     legal: tuple[str, ...] = ()    # the closed set of legal answers; empty when open
+    swapped: str = ""              # the same question about an unseen entity (a control)
 
 
 @dataclass(frozen=True)
