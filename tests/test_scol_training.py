@@ -1,6 +1,7 @@
 """SCoL adaptation, commit, rewards, IPO, meta-training (resume), Fisher and the CLI smoke."""
 
 import argparse
+import copy
 import json
 import math
 
@@ -97,7 +98,6 @@ def test_candidates_trained_together_are_independent_and_local(tiny):
 
 def test_float32_master_and_bad_layers(tiny):
     model, tok, passages, _ = tiny
-    import copy
 
     half = copy.deepcopy(model).to(torch.bfloat16)
     assert next(float32_master(half).parameters()).dtype == torch.float32
@@ -145,7 +145,6 @@ def test_preference_pairs():
 
 def test_ipo_update_moves_preference_the_right_way(tiny):
     model, tok, _, _ = tiny
-    import copy
 
     from plasticlm.eval import encode_with_bos
 
@@ -398,3 +397,106 @@ def test_sandbox_questions_have_an_entity_swapped_twin():
         for q in c.questions:
             assert q.swapped and c.id in q.question and c.id not in q.swapped
         assert not any(n in q.swapped for q in c.questions for n in names if len(n) > 3)
+
+
+def _stream(tiny, n=2):
+    _, _, passages, _ = tiny
+    return contexts_from_passages(passages)[:n]
+
+
+def test_lora_trains_on_the_context_text_only(tiny, monkeypatch):
+    """No question or answer line ever reaches the inner update: every window it trains on
+    decodes to the context's own text (selections best and greedy)."""
+    import plasticlm.scol.meta as meta
+
+    model, tok, _, _ = tiny
+    stream = _stream(tiny)
+    seen = []
+    real, real_together = meta.adapt_lora, meta.adapt_lora_together
+
+    def spy(model_, layers, windows, cfg, seed=0, **kw):
+        seen.append(windows)
+        return real(model_, layers, windows, cfg, seed, **kw)
+
+    def spy_together(model_, sets, windows, cfg, seeds=None):
+        seen.append(windows)
+        return real_together(model_, sets, windows, cfg, seeds)
+
+    monkeypatch.setattr(meta, "adapt_lora", spy)
+    monkeypatch.setattr(meta, "adapt_lora_together", spy_together)
+    cfg = SCoLConfig(k=2, lora=LoraTrainConfig(steps=1), temperature=2.0)
+    for selection in ("best", "greedy"):
+        consolidate_stream(model, tok, stream, cfg, selection)
+    assert len(seen) >= 4
+    texts = {c.text for c in stream}
+    questions = [q.question for c in stream for q in c.questions]
+    for w in seen:
+        for row_ids, row_labels in zip(w[0], w[1]):
+            text = tok.decode([int(i) for i, lab in zip(row_ids, row_labels) if lab != -100])
+            assert any(text.strip() in t or t in text for t in texts), text
+            assert not any(q in text for q in questions)
+
+
+def test_supervised_reward_measures_forgetting_of_earlier_contexts(tiny):
+    """At context t the reward checks every earlier context's questions in its window,
+    before and after the candidate: forgetting = accuracy before - after."""
+    from plasticlm.scol.meta import RewardProbe
+
+    model, tok, _, _ = tiny
+    stream = _stream(tiny, 3)
+    cfg = SCoLConfig(reward="supervised", forget_window=4, lam=1.0)
+    probe = RewardProbe(model, tok, stream, 2, cfg)
+    assert probe.earlier_q == [q for c in stream[:2] for q in c.questions]
+    r = probe(model)               # the unchanged model forgets nothing
+    assert r.forgetting == pytest.approx(0.0)
+    probe.before = 1.0             # as if it had known every earlier answer
+    from plasticlm.scol.rewards import qa_accuracy
+
+    after = qa_accuracy(model, tok, probe.earlier_q, cfg.qa_metric)
+    hurt = probe(model)
+    assert hurt.forgetting == pytest.approx(1.0 - after) and hurt.forgetting > 0.5
+    assert hurt.total == pytest.approx(hurt.acquisition - cfg.lam * hurt.forgetting)
+
+
+def test_the_policy_that_chooses_is_the_running_model(tiny, monkeypatch):
+    """Each context's action is chosen by the model with every earlier commit in it (the
+    policy drifts as it consolidates), never by the stream's starting model."""
+    import plasticlm.scol.meta as meta
+
+    model, tok, _, _ = tiny
+    stream = _stream(tiny, 3)
+    choosers = []
+    real = meta.sample_actions
+
+    def spy(policy, *args, **kw):
+        choosers.append({n: p.detach().clone() for n, p in policy.named_parameters()})
+        return real(policy, *args, **kw)
+
+    monkeypatch.setattr(meta, "sample_actions", spy)
+    cfg = SCoLConfig(lora=LoraTrainConfig(steps=2, lr=1e-2))
+    consolidate_stream(model, tok, stream, cfg, "greedy")
+    assert len(choosers) == 3
+    for earlier, later in zip(choosers, choosers[1:]):
+        assert any(not torch.equal(earlier[n], later[n]) for n in earlier)
+
+
+def test_batch_ttt_gets_the_streams_whole_budget(tiny, monkeypatch):
+    """Batch TTT trains as many steps as sequential fine-tuning over the stream (steps per
+    context x contexts), on every layer, each step on one context's worth of windows."""
+    import plasticlm.scol.baselines as baselines
+
+    model, tok, _, _ = tiny
+    stream = _stream(tiny, 3)
+    got = {}
+
+    def spy(model_, layers, windows, cfg, seed=0, rows_per_step=None):
+        got.update(layers=list(layers), steps=cfg.steps, rows=rows_per_step,
+                   total=windows.shape[1])
+        return model_, []
+
+    monkeypatch.setattr(baselines, "adapt_lora", spy)
+    lora = LoraTrainConfig(steps=5)
+    baselines.batch_ttt(model, tok, stream, lora)
+    assert got["steps"] == 5 * len(stream)
+    assert got["layers"] == list(range(model.config.num_hidden_layers))
+    assert got["rows"] == max(1, got["total"] // len(stream))
