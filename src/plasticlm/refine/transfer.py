@@ -94,6 +94,7 @@ class TransferConfig:
     draft_tokens: int = 3         # draft-only: tokens the transmitter drafts and shares
     teach_steps: int = 500        # fact drills that make the oracle and the parties
     teach_lr: float = 1e-3
+    teach_replay: int = 4         # blocks of the world's general corpus replayed per step
     inversion_texts: int = 400    # public texts the inversion attacker trains on
     # multi: one transmitter per entry, each taught a disjoint part of the entities
     parties: tuple[str, ...] = ("sandbox:transmitter-llama", "sandbox:transmitter-qwen2",
@@ -148,22 +149,30 @@ def _taught(run: Path, spec: str, name: str, facts: list[tuple[str, str]], cfg: 
     """``spec``'s model taught ``facts`` (fact drills), saved once in ``run/taught/name`` and
     reused while the facts and drill settings are the same."""
     from plasticlm.models import load_causal_lm
+    from plasticlm.models.pretrain import evaluate_loss, pack_corpus
     from plasticlm.sandbox import teach_facts
     from plasticlm.sandbox.pretrain import save_model_atomic
 
     folder = run / "taught" / name
     key = hashlib.sha256(json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
-                                     "lr": cfg.teach_lr}, sort_keys=True).encode()).hexdigest()
+                                     "lr": cfg.teach_lr, "replay": cfg.teach_replay},
+                                    sort_keys=True).encode()).hexdigest()
     stamp = folder / "taught.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
         model, tok = load_causal_lm(folder, dtype="float32")
         return Peer(name, model, tok)
     peer = load_peer(spec)
     losses = teach_facts(peer.model, peer.tokenizer, facts, cfg.teach_steps, lr=cfg.teach_lr,
-                         progress=cfg.progress)
+                         replay=_world_texts(cfg.receiver) if cfg.teach_replay else None,
+                         replay_batch=cfg.teach_replay, progress=cfg.progress)
     save_model_atomic(peer.model, peer.tokenizer, folder)
-    stamp.write_text(json.dumps({"key": key, "first_loss": losses[0],
-                                 "last_loss": losses[-1]}) + "\n")
+    # Did the drills keep the language? The corpus loss before and after.
+    blocks = pack_corpus(peer.tokenizer, _world_texts(cfg.receiver)[:100], 128)[:32]
+    before = evaluate_loss(load_peer(spec).model, blocks)
+    stamp.write_text(json.dumps({"key": key, "first_loss": losses[0], "last_loss": losses[-1],
+                                 "corpus_loss_before": before,
+                                 "corpus_loss_after": evaluate_loss(peer.model, blocks)})
+                     + "\n")
     return Peer(name, peer.model, peer.tokenizer)
 
 
@@ -434,6 +443,9 @@ def run_transfer(cfg: TransferConfig) -> dict:
                              "testable": testable},
               "results": results, "fuser_training": training, "gates_on": gates,
               "inversion": extra.get("inversion"),
+              "taught": {f.parent.name: {k: v for k, v in json.loads(f.read_text()).items()
+                                         if k != "key"}
+                         for f in sorted((run.path / "taught").glob("*/taught.json"))},
               "seconds": round(time.time() - t_start, 1)}
     run.write_json("report.json", report)
     (run.path / "table.md").write_text(transfer_table(report) + "\n")

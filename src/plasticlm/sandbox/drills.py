@@ -25,6 +25,7 @@ from plasticlm.data.world_domains import KINDS, entity_name, person_name
 from plasticlm.data.world_tasks import filler_text
 from plasticlm.eval import encode_pair, qa_continuation, qa_prompt
 from plasticlm.models import train_steps
+from plasticlm.models.pretrain import lm_loss, pack_corpus
 
 
 def _answer_batch(pairs: list[tuple[list[int], list[int]]], pad: int
@@ -118,22 +119,30 @@ def train_drills(model, tokenizer, sentences: list[str], steps: int,
 
 def teach_facts(model, tokenizer, facts: list[tuple[str, str]], steps: int,
                 batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
-                progress: bool = True) -> list[float]:
+                replay: list[str] | None = None, replay_batch: int = 16,
+                replay_len: int = 128, progress: bool = True) -> list[float]:
     """Fine-tune ``model`` (all weights) on ``facts``, ``(prompt, continuation)`` pairs:
     ``steps`` AdamW steps on batches drawn from ``(seed, step)``, cross-entropy on the
-    continuation's tokens only, so the prompts' wording is not learned as text. Returns the
-    losses."""
+    continuation's tokens only, so the prompts' wording is not learned as text. With
+    ``replay`` (general texts), each step adds the LM loss of ``replay_batch`` blocks of
+    them: answer-only training otherwise unlearns the language (measured on the v2
+    receiver: corpus loss 0.64 -> 7.2 nats after 500 steps). Returns the losses."""
     if not facts:
         raise ValueError("teach_facts needs at least one (prompt, answer) pair")
     pairs = [encode_pair(tokenizer, p, a) for p, a in facts]
     pad = tokenizer.pad_token_id or 0
+    blocks = pack_corpus(tokenizer, replay, replay_len) if replay else None
 
     def loss_at(step: int) -> torch.Tensor:
         draw = random.Random(seed * 100_003 + step)
         ids, answer = _answer_batch([pairs[draw.randrange(len(pairs))]
                                      for _ in range(batch_size)], pad)
         logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
-        return F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
+        loss = F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
+        if blocks is not None:
+            rows = blocks[[draw.randrange(len(blocks)) for _ in range(replay_batch)]]
+            loss = loss + lm_loss(model, rows)
+        return loss
 
     return train_steps(model, loss_at, steps, lr=lr, warmup=min(20, steps // 5 + 1),
                        desc="fact drills", progress=progress)
