@@ -21,9 +21,9 @@ task fusers train on). Rows, each beside its control:
 - C2C draft-only: a prefix fuser that shares only the cache of tokens the transmitter
   drafts after the prompt (text hand-off in cache form);
 - the ladder's oracle pair: the receiver taught every specialist fact (the test entities'
-  too) as transmitter, with a general fuser and with task fusers (plain and ``fuse_last``,
-  trained on the dev/val facts the oracle knows); each control is self-fusion with the same
-  training (the same model without the facts);
+  too) as transmitter, with a general fuser and with a task fuser (trained on the dev/val
+  facts the oracle knows); each control is self-fusion with the same training (the same
+  model without the facts);
 - privacy done cleanly: prefix fusion of the oracle with the transmitter reading the prompt
   and reading a rephrasing (each fuser trained on its own kind of text, nothing else
   differs), and a learned inversion attack on every transmitted layer;
@@ -342,11 +342,8 @@ def run_transfer(cfg: TransferConfig) -> dict:
         knows = _score(FedRefine(oracle), train_items, "alone", cfg.progress, "oracle knows")
         oracle_task = [Example(it.prompt, qa_continuation(it.choices[it.answer]))
                        for it, ok in zip(train_items, knows) if ok][: cfg.max_task or None]
-        for title, fcfg in (("task fuser", task_cfg), ("task fuser, fuse_last",
-                                                       dataclasses.replace(task_cfg,
-                                                                           fuse_last=True))):
-            single(f"c2c, {title}, oracle", oracle, oracle_task, fcfg)
-            single(f"self-fusion, {title}, receiver", receiver, oracle_task, fcfg)
+        single("c2c, task fuser, oracle", oracle, oracle_task, task_cfg)
+        single("self-fusion, task fuser, receiver", receiver, oracle_task, task_cfg)
     if "private" in cfg.rows:
         prefix_cfg = dataclasses.replace(cfg.fuser, mode="prefix")
         single("prefix c2c, general fuser, oracle", oracle, general, prefix_cfg)
