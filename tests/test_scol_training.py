@@ -237,8 +237,10 @@ def test_cli_squad_experiment_quick(tiny, tmp_path):
         assert (out / "seed-0" / png).stat().st_size > 1000
     assert seed["methods"]["fixed_last"]["layers"] == [[3]] * 3      # 4 layers: the last
     assert seed["methods"]["fixed_best"]["layers"] == [[seed["fixed_best"]["layer"]]] * 3
-    pooled = json.loads((out / "report.json").read_text())["summary"]
-    assert "retention_minus_untrained_policy" in pooled["scol"]
+    pooled = json.loads((out / "report.json").read_text())
+    assert "retention_minus_untrained_policy" in pooled["summary"]["scol"]
+    held = pooled["held_out_pairs"]
+    assert held["n"] > 0 and 0 <= held["trained"] <= 1 and 0 <= held["untrained"] <= 1
     assert "retention - fixed last layer" in (out / "report.md").read_text()
 
 
@@ -500,3 +502,29 @@ def test_batch_ttt_gets_the_streams_whole_budget(tiny, monkeypatch):
     assert got["steps"] == 5 * len(stream)
     assert got["layers"] == list(range(model.config.num_hidden_layers))
     assert got["rows"] == max(1, got["total"] // len(stream))
+
+
+def test_pair_accuracy_follows_what_ipo_taught(tiny):
+    """After IPO on a pair of real grammar completions the policy ranks that pair right
+    (accuracy 1) and the reversed pair wrong (0); the untouched model is the reference."""
+    from plasticlm.eval import encode_with_bos
+    from plasticlm.scol.meta import pair_accuracy
+    from plasticlm.scol.policy import LayerGrammar, action_prompt, sample_actions
+
+    model, tok, _, _ = tiny
+    cfg = SCoLConfig(ipo_epochs=4, ipo_tau=0.5)
+    prompt = action_prompt("Doctors prescribe Velizole for asthma.", 4, cfg.prompt_chars)
+    grammar = LayerGrammar(tok, 4, cfg.max_layers)
+    sampled = sample_actions(model, tok, prompt, grammar, 16, 3.0,
+                             torch.Generator().manual_seed(0))
+    distinct = {a.layers: a.token_ids for a in sampled}
+    assert len(distinct) >= 2
+    (_, good), (_, bad) = list(distinct.items())[:2]
+    ids = tuple(encode_with_bos(tok, prompt))
+    pair = PreferencePair(ids, tuple(good), tuple(bad), 1.0)
+    policy = copy.deepcopy(model)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    ipo_update(policy, model, [pair], opt, cfg, grammar)
+    assert pair_accuracy(policy, tok, [pair], cfg) == 1.0
+    flipped = PreferencePair(ids, tuple(bad), tuple(good), 1.0)
+    assert pair_accuracy(policy, tok, [flipped], cfg) == 0.0

@@ -43,7 +43,13 @@ from plasticlm.scol.contexts import (
     split_streams,
 )
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
-from plasticlm.scol.meta import SCoLConfig, action_stats, consolidate_stream, meta_train
+from plasticlm.scol.meta import (
+    SCoLConfig,
+    action_stats,
+    consolidate_stream,
+    meta_train,
+    pair_accuracy,
+)
 from plasticlm.scol.rewards import Question, qa_answers
 
 METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
@@ -326,9 +332,17 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
             per_seed.append(json.loads(done.read_text()))
         else:
             per_seed.append(run_squad_seed(scfg, folder, progress))
+    held = [r["held_out_pairs"] for r in per_seed if "held_out_pairs" in r]
     report = {"config": asdict(cfg), "paper": PAPER, "seeds": [r["config"]["seed"]
                                                               for r in per_seed],
               "summary": summarise_seeds(per_seed),
+              "held_out_pairs": {
+                  "n": sum(h["n"] for h in held),
+                  "trained": sum(h["trained"] * h["n"] for h in held) / max(1, sum(h["n"]
+                                                                             for h in held)),
+                  "untrained": sum(h["untrained"] * h["n"] for h in held) / max(
+                      1, sum(h["n"] for h in held))} if held else None,
+              "oracle_layer": [r.get("fixed_best", {}).get("layer") for r in per_seed],
               "seconds": sum(r["seconds"]["total"] for r in per_seed)}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.md").write_text(seeds_markdown(report))
@@ -418,6 +432,12 @@ def seeds_markdown(report: dict) -> str:
               "sandbox entities are unseen, so here retention net of the untouched model is "
               "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
               "'immediate' is its final accuracy."]
+    held = report.get("held_out_pairs")
+    if held:
+        lines.append(f"- Held-out preference pairs (best-of-K on the evaluation streams, "
+                     f"n = {held['n']}): the meta-trained policy ranks "
+                     f"{100 * held['trained']:.1f}% right, the untrained one "
+                     f"{100 * held['untrained']:.1f}% (target > 60%).")
     for name, e in report["summary"].items():
         if "layer_histogram" in e:
             lines.append(f"- {LABELS.get(name, name)}: layers chosen, summed over seeds "
@@ -466,6 +486,17 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
                                     progress=progress, replay=replay)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = _read_metrics(out / f"meta_{name}" / "metrics.jsonl")
+
+    if "scol" in policies:
+        # Held-out preference pairs: best-of-K on the evaluation stream from the untouched
+        # model (its rewards score candidates, nothing trains on them); does the meta-trained
+        # policy rank them better than the untrained one?
+        _, _, held = consolidate_stream(copy.deepcopy(base), tok, stream, copy.deepcopy(cfg.scol),
+                                        "best", desc="held-out pairs", replay=replay)
+        if held:
+            report["held_out_pairs"] = {
+                "n": len(held), "trained": pair_accuracy(policies["scol"], tok, held, cfg.scol),
+                "untrained": pair_accuracy(base, tok, held, cfg.scol)}
 
     if "fixed_best" in cfg.methods:
         t = time.time()

@@ -416,3 +416,19 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         if reference is not fixed:
             del reference
     return policy
+
+
+@torch.no_grad()
+def pair_accuracy(policy, tokenizer, pairs: Sequence[PreferencePair], cfg: SCoLConfig) -> float:
+    """Share of preference ``pairs`` whose chosen completion the policy rates above the
+    rejected one (grammar-masked log-probs of the free tokens); on pairs from streams the
+    policy never meta-trained on, this is how well it learned to pick."""
+    if not pairs:
+        raise PlasticError("no preference pairs to score")
+    grammar = LayerGrammar(tokenizer, num_layers_of(policy), cfg.max_layers)
+    hits = 0
+    for p in pairs:
+        chosen = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids), grammar)
+        rejected = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids), grammar)
+        hits += float(chosen) > float(rejected)
+    return hits / len(pairs)
