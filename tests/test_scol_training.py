@@ -207,6 +207,9 @@ def test_fisher_and_recall(tiny):
     model, tok, passages, _ = tiny
     f = layer_fisher(model, tok, passages[0].context)
     assert len(f) == 4 and all(x > 0 and math.isfinite(x) for x in f)
+    raw = layer_fisher(model, tok, passages[0].context, normalise=False)
+    size = sum(p.numel() for n, p in model.named_parameters() if ".layers.0." in f".{n}")
+    assert f[0] == pytest.approx(raw[0] / size, rel=1e-9)     # per parameter
     assert all(p.grad is None for p in model.parameters())  # no gradients left behind
     top = top_layers([0.1, 5.0, 3.0, 0.2], 2)
     assert top == {1, 2}

@@ -88,7 +88,7 @@ class ExperimentConfig:
     methods: tuple[str, ...] = METHODS
     lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
     prompt_tokens: int = 384       # in-context baselines' budget
-    fisher_top: int = 1            # size of the top-Fisher set
+    fisher_top: int = 0            # size of the top-Fisher set; 0 = the selection's size
     chunk_tokens: int = 192        # longbench chunk size
     max_chunks: int = 12           # longbench: chunks per stream at most (short regime)
     long_max_chunks: int = 24      # longbench: long regime
@@ -636,7 +636,7 @@ def run_fisher(cfg: ExperimentConfig, out: str | Path, policy_path: str | None =
                                        "greedy", on_commit=before_commit_fisher, desc="fisher")
     for r in records:
         f = fisher_by_t[r.index]
-        top = top_layers(f, cfg.fisher_top)
+        top = top_layers(f, cfg.fisher_top or len(r.layers))
         exp_rand, samp_rand = random_recall(len(r.layers), top, n_layers, seed=cfg.seed + r.index)
         rows.append({"context": r.context_id, "fisher": f, "top": sorted(top),
                      "selected": list(r.layers), "recall": recall(r.layers, top),

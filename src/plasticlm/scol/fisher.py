@@ -1,7 +1,9 @@
 """Per-layer empirical Fisher of a context and how well selected layers recall its top.
 
 F_l = mean over examples (the context's sentences, batch size 1) of the sum over layer l's
-parameters of the squared gradient of the example's log-likelihood (anchors.md).
+parameters of the squared gradient of the example's log-likelihood (anchors.md); with
+``normalise`` (the default) divided by layer l's parameter count, so that layers of
+different sizes compare per parameter.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ def sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE.split(text.strip()) if s]
 
 
-def layer_fisher(model, tokenizer, text: str, max_examples: int = 16) -> list[float]:
+def layer_fisher(model, tokenizer, text: str, max_examples: int = 16,
+                 normalise: bool = True) -> list[float]:
     """Empirical Fisher per Transformer layer [L] of ``text``'s sentences (the first
-    ``max_examples``); the model's weights are not changed."""
+    ``max_examples``), per parameter when ``normalise``; the model's weights are not
+    changed."""
     examples = [encode_with_bos(tokenizer, s) for s in sentences(text)[:max_examples]]
     examples = [e for e in examples if len(e) >= 2]
     if not examples:
@@ -57,7 +61,8 @@ def layer_fisher(model, tokenizer, text: str, max_examples: int = 16) -> list[fl
         for p, f in zip(model.parameters(), flags):
             p.requires_grad_(f)
         model.train(was_training)
-    return [t / len(examples) for t in totals]
+    sizes = [sum(p.numel() for p in per_layer[i]) if normalise else 1 for i in range(n_layers)]
+    return [t / len(examples) / size for t, size in zip(totals, sizes)]
 
 
 def top_layers(fisher: Sequence[float], k: int) -> set[int]:
