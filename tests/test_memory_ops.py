@@ -1,4 +1,5 @@
-"""Delta-rule ops: chunkwise == recurrent == a float64 naive loop, values and gradients."""
+"""Delta-rule ops: chunkwise == recurrent == the float64 naive loop (memory/naive.py), values
+and gradients."""
 
 import pytest
 import torch
@@ -7,33 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plasticlm.errors import PlasticError
+from plasticlm.memory.naive import delta_rule_naive as naive
 from plasticlm.memory.ops import (
     delta_rule,
     delta_rule_chunkwise,
     delta_rule_recurrent,
     unit_lower_inverse,
 )
-
-
-def naive(q, k, v, beta, state=None, g=None):
-    """The definition, one token at a time with Python loops over heads, in float64."""
-    q, k, v, beta = (x.double() for x in (q, k, v, beta))
-    b, h, t, dk = q.shape
-    dv = v.shape[-1]
-    s = torch.zeros(b, h, dk, dv, dtype=torch.float64) if state is None else state.double()
-    outs, states = [], []
-    for bi in range(b):
-        for hi in range(h):
-            S = s[bi, hi]
-            for ti in range(t):
-                if g is not None:
-                    S = S * torch.exp(g[bi, hi, ti].double())
-                u = beta[bi, hi, ti] * (v[bi, hi, ti] - S.T @ k[bi, hi, ti])
-                S = S + torch.outer(k[bi, hi, ti], u)
-                outs.append(S.T @ q[bi, hi, ti])
-            states.append(S)
-    out = torch.stack(outs).reshape(b, h, t, dv) if t else torch.zeros(b, h, 0, dv, dtype=torch.float64)
-    return out, torch.stack(states).reshape(b, h, dk, dv)
 
 
 def inputs(b, h, t, dk, dv, seed, dtype=torch.float32, gated=False, with_state=False):
