@@ -36,7 +36,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     """
     from flwr.simulation import run_simulation
 
-    from plasticlm.fednl.app import client_app, make_server_app
+    from plasticlm.fednl.client_app import client_app
+    from plasticlm.fednl.server_app import make_server_app
     from plasticlm.fednl.setup import initial_theta, tasks_for
 
     check_method(cfg.method.name)

@@ -1,12 +1,6 @@
-"""The Flower app (Message API): a ClientApp that trains and evaluates theta on the client's
-own data, and a ServerApp whose strategy aggregates theta and nothing else.
-
-Only theta travels (float32, or the run's ``transfer_dtype``). The memory state of ``fednl``
-is built inside each forward pass on the device and is never part of a message.
-Personal state (FedALA weights, SI importances, the previous local theta) lives in the
-client's ``context.state`` and, so that a resumed run can find it, in the client's own
-state folder; the server never sees it.
-"""
+"""The FedNL ServerApp (Flower Message API): a strategy that aggregates theta and nothing
+else, validates replies, counts the bytes on the wire and checkpoints every round; the
+simulation's and the deployment's (``flwr run``) entry points."""
 
 from __future__ import annotations
 
@@ -16,101 +10,22 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
-from flwr.clientapp import ClientApp
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from plasticlm.config import load_config
 from plasticlm.fednl.aggregate import reply_problem, weighted_mean
-from plasticlm.fednl.checkpoint import Checkpointer, load_client_state, save_client_state
+from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import local_update, set_theta
-from plasticlm.fednl.setup import model_for, tasks_for
-from plasticlm.runs import set_threads
+from plasticlm.fednl.messages import pack_theta, unpack_theta
+from plasticlm.fednl.setup import initial_theta, tasks_for
 
 log = logging.getLogger("plasticlm.fednl")
-DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 class RoundFailed(RuntimeError):
     """Too few valid replies to aggregate a round; the last checkpoint stays intact."""
-
-
-def _pack(theta: dict[str, torch.Tensor], dtype: str) -> ArrayRecord:
-    return ArrayRecord({k: v.to(DTYPES[dtype]).contiguous() for k, v in theta.items()})
-
-
-def _unpack(record: ArrayRecord) -> dict[str, torch.Tensor]:
-    return {k: v.float() for k, v in record.to_torch_state_dict().items()}
-
-
-# --------------------------------------------------------------------------- client side
-
-client_app = ClientApp()
-
-
-def _client(msg: Message, context: Context):
-    set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runs.py)
-    cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
-    pid = int(context.node_config["partition-id"])
-    tasks = tasks_for(cfg)
-    if not 0 <= pid < len(tasks):
-        raise ValueError(f"partition-id {pid} out of range: the run has {len(tasks)} clients")
-    model, tokenizer = model_for(cfg)
-    return cfg, pid, tasks[pid], model, tokenizer
-
-
-def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task) -> Message:
-    content = RecordDict({"metrics": MetricRecord(metrics),
-                          "client": ConfigRecord({"name": task.name, "domain": task.domain})})
-    if arrays is not None:
-        content["arrays"] = arrays
-    return Message(content, reply_to=msg)
-
-
-@client_app.train()
-def client_train(msg: Message, context: Context) -> Message:
-    """Local training from the received theta; replies with the local theta and the local
-    model's accuracy (the "before aggregation" side of the aggregation drop)."""
-    cfg, pid, task, model, tokenizer = _client(msg, context)
-    rnd = int(msg.content["config"]["server-round"])
-    state_dir = Path(str(msg.content["config"]["client-state-dir"])) / f"client{pid}"
-    if "personal" in context.state:
-        state = _unpack(context.state["personal"])
-    else:  # a fresh process (first round, or a resumed run): read the client's own disk
-        state = load_client_state(state_dir, rnd - 1)
-    t0 = time.time()
-    theta, metrics = local_update(model, tokenizer, task, _unpack(msg.content["arrays"]), state,
-                                  cfg.method, seed=cfg.seed * 100_003 + rnd * 101 + pid)
-    if cfg.local_eval == "every" or rnd == cfg.rounds:
-        metrics["local-acc"] = task.accuracy(model, tokenizer)
-    if state:
-        context.state["personal"] = ArrayRecord(state)
-        save_client_state(state_dir, rnd, state)
-    metrics.update({"num-examples": len(task.train), "partition-id": pid,
-                    "train-seconds": time.time() - t0})
-    return _reply(msg, _pack(theta, cfg.transfer_dtype), metrics, task)
-
-
-@client_app.evaluate()
-def client_evaluate(msg: Message, context: Context) -> Message:
-    """Accuracy of the received aggregate on the client's held-out questions."""
-    cfg, pid, task, model, tokenizer = _client(msg, context)
-    set_theta(model, _unpack(msg.content["arrays"]))
-    acc = task.accuracy(model, tokenizer)
-    return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,
-                              "fed-acc": acc}, task)
-
-
-# --------------------------------------------------------------------------- server side
 
 
 class ThetaAverage(FedAvg):
@@ -139,7 +54,7 @@ class ThetaAverage(FedAvg):
         return msgs
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.reference = _unpack(arrays)
+        self.reference = unpack_theta(arrays)
         self.record = {"round": server_round + self.offset, "t0": time.time()}
         return self._send(server_round, arrays, config, grid, MessageType.TRAIN)
 
@@ -156,7 +71,7 @@ class ThetaAverage(FedAvg):
             elif want_arrays and "arrays" not in m.content.array_records:
                 problem = "no arrays record"
             else:
-                problem = reply_problem(_unpack(m.content["arrays"]), self.reference) \
+                problem = reply_problem(unpack_theta(m.content["arrays"]), self.reference) \
                     if want_arrays else None
             if problem:
                 log.warning("round %s: rejected reply from node %s: %s", self.record["round"],
@@ -178,7 +93,7 @@ class ThetaAverage(FedAvg):
                 f"min_clients={self.cfg.min_clients} (problems: {self.record.get('rejected', [])}, "
                 f"missing: {self.record['missing_train']}); the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
-        theta = weighted_mean([_unpack(m.content["arrays"]) for m in ok],
+        theta = weighted_mean([unpack_theta(m.content["arrays"]) for m in ok],
                               [int(m.content["metrics"]["num-examples"]) for m in ok])
         self.record["clients"] = {
             str(m.content["client"]["name"]): {
@@ -194,7 +109,7 @@ class ThetaAverage(FedAvg):
                  for k, v in theta.items() if k.endswith("gate_logit")}
         if gates:
             self.record["alpha"] = gates
-        arrays = _pack(theta, "float32")
+        arrays = pack_theta(theta, "float32")
         return arrays, MetricRecord({"clients": len(ok)})
 
     def aggregate_evaluate(self, server_round, replies):
@@ -224,7 +139,7 @@ def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,
     num_nodes = len(tasks_for(cfg))
     strategy = ThetaAverage(cfg, checkpointer, start_round, num_nodes)
     _wait_for_nodes(grid, num_nodes, cfg.min_clients)
-    strategy.start(grid=grid, initial_arrays=_pack(theta, "float32"),
+    strategy.start(grid=grid, initial_arrays=pack_theta(theta, "float32"),
                    num_rounds=cfg.rounds - start_round, timeout=cfg.round_timeout,
                    train_config=ConfigRecord(), evaluate_config=ConfigRecord())
 
@@ -257,9 +172,6 @@ server_app = ServerApp()
 
 @server_app.main()
 def deployed_main(grid: Grid, context: Context) -> None:
-    from plasticlm.config import load_config
-    from plasticlm.fednl.setup import initial_theta
-
     rc = dict(context.run_config)
     overrides = [s for s in str(rc.get("set", "")).split(";") if s.strip()]
     cfg = load_config(FedNLConfig, rc.get("config") or None, overrides)

@@ -1,0 +1,77 @@
+"""The FedNL ClientApp (Flower Message API): trains and evaluates theta on the client's own
+data.
+
+Personal state (FedALA weights, SI importances, the previous local theta) lives in the
+client's ``context.state`` and, so that a resumed run can find it, in the client's own
+state folder; the server never sees it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from plasticlm.fednl.checkpoint import load_client_state, save_client_state
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.messages import pack_theta, unpack_theta
+from plasticlm.fednl.methods import local_update, set_theta
+from plasticlm.fednl.setup import model_for, tasks_for
+from plasticlm.runs import set_threads
+
+client_app = ClientApp()
+
+
+def _client(msg: Message, context: Context):
+    set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runs.py)
+    cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
+    pid = int(context.node_config["partition-id"])
+    tasks = tasks_for(cfg)
+    if not 0 <= pid < len(tasks):
+        raise ValueError(f"partition-id {pid} out of range: the run has {len(tasks)} clients")
+    model, tokenizer = model_for(cfg)
+    return cfg, pid, tasks[pid], model, tokenizer
+
+
+def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task) -> Message:
+    content = RecordDict({"metrics": MetricRecord(metrics),
+                          "client": ConfigRecord({"name": task.name, "domain": task.domain})})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content, reply_to=msg)
+
+
+@client_app.train()
+def client_train(msg: Message, context: Context) -> Message:
+    """Local training from the received theta; replies with the local theta and the local
+    model's accuracy (the "before aggregation" side of the aggregation drop)."""
+    cfg, pid, task, model, tokenizer = _client(msg, context)
+    rnd = int(msg.content["config"]["server-round"])
+    state_dir = Path(str(msg.content["config"]["client-state-dir"])) / f"client{pid}"
+    if "personal" in context.state:
+        state = unpack_theta(context.state["personal"])
+    else:  # a fresh process (first round, or a resumed run): read the client's own disk
+        state = load_client_state(state_dir, rnd - 1)
+    t0 = time.time()
+    theta, metrics = local_update(model, tokenizer, task, unpack_theta(msg.content["arrays"]), state,
+                                  cfg.method, seed=cfg.seed * 100_003 + rnd * 101 + pid)
+    if cfg.local_eval == "every" or rnd == cfg.rounds:
+        metrics["local-acc"] = task.accuracy(model, tokenizer)
+    if state:
+        context.state["personal"] = ArrayRecord(state)
+        save_client_state(state_dir, rnd, state)
+    metrics.update({"num-examples": len(task.train), "partition-id": pid,
+                    "train-seconds": time.time() - t0})
+    return _reply(msg, pack_theta(theta, cfg.transfer_dtype), metrics, task)
+
+
+@client_app.evaluate()
+def client_evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy of the received aggregate on the client's held-out questions."""
+    cfg, pid, task, model, tokenizer = _client(msg, context)
+    set_theta(model, unpack_theta(msg.content["arrays"]))
+    acc = task.accuracy(model, tokenizer)
+    return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,
+                              "fed-acc": acc}, task)
