@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plasticlm.errors import PlasticError
-from plasticlm.memory import attach_memory
+from plasticlm.memory import attach_memory, save_pretrained
 
-METHODS = ("fednl", "fedavg", "fedprox", "fedala", "fedssi", "fedavg-full")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
 
 
@@ -78,30 +77,7 @@ def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
     """Make exactly theta trainable on ``model`` for method ``cfg.name`` (memory or LoRA
     attached in place or wrapped); returns the model to train."""
     check_method(cfg.name)
-    if cfg.name == "fednl":
-        layers = cfg.memory_layers
-        if layers != "all":
-            layers = [int(x) for x in str(layers).split(",") if x.strip()]
-        if cfg.window <= 0:
-            raise PlasticError("fednl needs an attention window (method.window > 0): the "
-                               "memory holds what falls out of it")
-        return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
-                             lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
-                             gate_init=cfg.gate_init, mix=cfg.memory_mix,
-                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent,
-                             gate=cfg.memory_gate, decay=cfg.memory_decay,
-                             lora_scope=cfg.memory_lora)
-    if cfg.window > 0:  # the same windowed attention as fednl, without a memory
-        model = attach_memory(model, layers=[], window=cfg.window)
-    if cfg.name == "fedavg-full":
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model
-    from peft import LoraConfig, get_peft_model
-
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                      target_modules=list(LORA_TARGETS), bias="none")
-    return get_peft_model(model, lora)
+    return METHODS[cfg.name].prepare(model, cfg)
 
 
 def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -153,7 +129,7 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
     theta_hat = theta_local + (theta_global - theta_local) * W on the top ``ala_layers``
     layers (W in [0,1], learned on a few local batches), plain theta_global below them.
     """
-    local = {k[len("local."):]: v for k, v in state.items() if k.startswith("local.")}
+    local = _previous_local(state)
     if not local:
         return dict(global_theta)  # first round: nothing personal yet
     layers = [x for x in (_layer_of(n) for n in global_theta) if x is not None]
@@ -212,23 +188,14 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
     ``state`` (the client's personal tensors) is read and updated in place.
     """
     check_method(cfg.name)
+    method = METHODS[cfg.name]
     batches = task.batches(tokenizer, cfg.local_steps + cfg.ala_steps, cfg.batch_size, seed)
-    start = global_theta
-    if cfg.name == "fedala":
-        start = ala_initialise(model, global_theta, state,
-                               [next(batches) for _ in range(cfg.ala_steps)], cfg)
+    start = method.initial(model, global_theta, state, batches, cfg)
     set_theta(model, start)
     params = trainable(model)
-    lr = cfg.full_lr if cfg.name == "fedavg-full" else cfg.lr
-    opt = torch.optim.AdamW(param_groups(params, cfg), lr=lr, weight_decay=0.0)
-
-    anchor, omega_acc, importance = None, {}, {}
-    if cfg.name == "fedssi":
-        local_prev = {k[len("local."):]: v for k, v in state.items() if k.startswith("local.")}
-        anchor = {n: cfg.si_mix * local_prev[n] + (1 - cfg.si_mix) * global_theta[n]
-                  if n in local_prev else global_theta[n] for n in global_theta}
-        importance = {n: state.get(f"si.{n}", torch.zeros_like(global_theta[n])) for n in params}
-        omega_acc = {n: torch.zeros_like(global_theta[n]) for n in params}
+    opt = torch.optim.AdamW(param_groups(params, cfg), lr=method.learning_rate(cfg),
+                            weight_decay=0.0)
+    objective = method.objective(params, global_theta, state, cfg)
 
     model.train()
     losses = []
@@ -236,35 +203,216 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
         if step >= cfg.local_steps:
             break
         task_loss = answer_loss(model, ids, labels)
-        loss = task_loss
-        if cfg.name == "fedprox":
-            loss = loss + cfg.prox_mu / 2 * sum(((p.float() - global_theta[n]) ** 2).sum()
-                                                for n, p in params.items())
-        if cfg.name == "fedssi" and any(v.any() for v in importance.values()):
-            loss = loss + cfg.si_c * sum((importance[n] * (p.float() - anchor[n]) ** 2).sum()
-                                         for n, p in params.items())
+        extra = objective.penalty(params)
+        loss = task_loss if extra is None else task_loss + extra
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        before = {n: p.detach().float().clone() for n, p in params.items()} if omega_acc else None
-        grads = {n: p.grad.detach().float().clone() for n, p in params.items()
-                 if p.grad is not None} if omega_acc else None
+        objective.before_step(params)
         opt.step()
-        if omega_acc:  # SI path integral: -g * dtheta along the local trajectory
-            for n, p in params.items():
-                if n in grads:
-                    omega_acc[n] -= grads[n] * (p.detach().float() - before[n])
+        objective.after_step(params)
         losses.append(task_loss.item())
     model.eval()
 
     theta = get_theta(model)
-    if cfg.name == "fedssi":
-        for n in params:
-            delta = theta[n] - start[n]
-            state[f"si.{n}"] = importance[n] + omega_acc[n].clamp(min=0) / (delta**2 + cfg.si_xi)
-    if cfg.name in ("fedala", "fedssi"):
-        for n, v in theta.items():
-            state[f"local.{n}"] = v
+    objective.finish(theta, start, state)
+    method.keep(theta, state)
     return theta, {"train_loss": sum(losses) / max(1, len(losses)),
                    "train_loss_first": losses[0] if losses else float("nan"),
                    "train_loss_last": losses[-1] if losses else float("nan")}
+
+
+# -- the methods ----------------------------------------------------------------------------
+
+
+class LocalObjective:
+    """One round's additions to the plain local objective (none by default)."""
+
+    def penalty(self, params: dict[str, nn.Parameter]) -> torch.Tensor | None:
+        return None
+
+    def before_step(self, params: dict[str, nn.Parameter]) -> None:
+        pass
+
+    def after_step(self, params: dict[str, nn.Parameter]) -> None:
+        pass
+
+    def finish(self, theta: dict, start: dict, state: dict) -> None:
+        pass
+
+
+class FedMethod:
+    """A federated method: which parameters form theta, how a round starts, what it adds to
+    the local objective, which personal state it keeps. The base is FedAvg over a static
+    LoRA on the frozen base's q/k/v, with the same windowed attention as FedNL."""
+
+    name = "fedavg"
+
+    def prepare(self, model: nn.Module, cfg: MethodConfig) -> nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        model = _windowed(model, cfg)
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                          target_modules=list(LORA_TARGETS), bias="none")
+        return get_peft_model(model, lora)
+
+    def initial(self, model, global_theta: dict, state: dict, batches, cfg: MethodConfig
+                ) -> dict:
+        """The round's starting theta (``batches`` may be drawn from before training)."""
+        return global_theta
+
+    def learning_rate(self, cfg: MethodConfig) -> float:
+        return cfg.lr
+
+    def objective(self, params, global_theta: dict, state: dict, cfg: MethodConfig
+                  ) -> LocalObjective:
+        return LocalObjective()
+
+    def keep(self, theta: dict, state: dict) -> None:
+        """Update the client's personal state after the round (nothing by default)."""
+
+    def save(self, model: nn.Module, tokenizer, folder) -> None:
+        """The trained model in the ecosystem's format: here a PEFT LoRA adapter folder."""
+        model.save_pretrained(folder)
+
+
+def _windowed(model: nn.Module, cfg: MethodConfig) -> nn.Module:
+    if cfg.window > 0:  # the same windowed attention as fednl, without a memory
+        model = attach_memory(model, layers=[], window=cfg.window)
+    return model
+
+
+class FedNL(FedMethod):
+    """theta = the memory's meta-parameters (LoRA for the memory's q/k/v, beta, gate)."""
+
+    name = "fednl"
+
+    def prepare(self, model, cfg):
+        layers = cfg.memory_layers
+        if layers != "all":
+            layers = [int(x) for x in str(layers).split(",") if x.strip()]
+        if cfg.window <= 0:
+            raise PlasticError("fednl needs an attention window (method.window > 0): the "
+                               "memory holds what falls out of it")
+        return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
+                             lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
+                             gate_init=cfg.gate_init, mix=cfg.memory_mix,
+                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent,
+                             gate=cfg.memory_gate, decay=cfg.memory_decay,
+                             lora_scope=cfg.memory_lora)
+
+    def save(self, model, tokenizer, folder):
+        save_pretrained(model, folder)     # the memory adapter (safetensors + config)
+
+
+class FedAvgFull(FedMethod):
+    """theta = every weight of the model."""
+
+    name = "fedavg-full"
+
+    def prepare(self, model, cfg):
+        model = _windowed(model, cfg)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+
+    def learning_rate(self, cfg):
+        return cfg.full_lr
+
+    def save(self, model, tokenizer, folder):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+
+class _Proximal(LocalObjective):
+    def __init__(self, global_theta: dict, mu: float):
+        self.global_theta, self.mu = global_theta, mu
+
+    def penalty(self, params):
+        return self.mu / 2 * sum(((p.float() - self.global_theta[n]) ** 2).sum()
+                                 for n, p in params.items())
+
+
+class FedProx(FedMethod):
+    """FedAvg plus (mu/2)||w - w_global||^2 in the local objective."""
+
+    name = "fedprox"
+
+    def objective(self, params, global_theta, state, cfg):
+        return _Proximal(global_theta, cfg.prox_mu)
+
+
+def _previous_local(state: dict) -> dict:
+    return {k[len("local."):]: v for k, v in state.items() if k.startswith("local.")}
+
+
+def _keep_local(theta: dict, state: dict) -> None:
+    for n, v in theta.items():
+        state[f"local.{n}"] = v
+
+
+class FedALA(FedMethod):
+    """FedAvg whose round starts from the global theta mixed into the client's previous
+    local theta with learned element-wise weights (:func:`ala_initialise`)."""
+
+    name = "fedala"
+
+    def initial(self, model, global_theta, state, batches, cfg):
+        return ala_initialise(model, global_theta, state,
+                              [next(batches) for _ in range(cfg.ala_steps)], cfg)
+
+    def keep(self, theta, state):
+        _keep_local(theta, state)
+
+
+class _SynapticIntelligence(LocalObjective):
+    """FedSSI: c * sum Omega (w - w_anchor)^2, the anchor a mix of the previous local and the
+    global theta; Omega accumulates -g * dtheta along the local trajectory."""
+
+    def __init__(self, params, global_theta: dict, state: dict, cfg: MethodConfig):
+        local_prev = _previous_local(state)
+        self.c, self.xi = cfg.si_c, cfg.si_xi
+        self.anchor = {n: cfg.si_mix * local_prev[n] + (1 - cfg.si_mix) * global_theta[n]
+                       if n in local_prev else global_theta[n] for n in global_theta}
+        self.importance = {n: state.get(f"si.{n}", torch.zeros_like(global_theta[n]))
+                           for n in params}
+        self.omega = {n: torch.zeros_like(global_theta[n]) for n in params}
+        self.before: dict = {}
+        self.grads: dict = {}
+
+    def penalty(self, params):
+        if not any(v.any() for v in self.importance.values()):
+            return None
+        return self.c * sum((self.importance[n] * (p.float() - self.anchor[n]) ** 2).sum()
+                            for n, p in params.items())
+
+    def before_step(self, params):
+        self.before = {n: p.detach().float().clone() for n, p in params.items()}
+        self.grads = {n: p.grad.detach().float().clone() for n, p in params.items()
+                      if p.grad is not None}
+
+    def after_step(self, params):
+        for n, p in params.items():
+            if n in self.grads:
+                self.omega[n] -= self.grads[n] * (p.detach().float() - self.before[n])
+
+    def finish(self, theta, start, state):
+        for n in self.importance:
+            delta = theta[n] - start[n]
+            state[f"si.{n}"] = self.importance[n] + self.omega[n].clamp(min=0) / (delta**2 + self.xi)
+
+
+class FedSSI(FedMethod):
+    """FedAvg with a synaptic-intelligence penalty towards a surrogate anchor."""
+
+    name = "fedssi"
+
+    def objective(self, params, global_theta, state, cfg):
+        return _SynapticIntelligence(params, global_theta, state, cfg)
+
+    def keep(self, theta, state):
+        _keep_local(theta, state)
+
+
+METHODS: dict[str, FedMethod] = {m.name: m for m in (FedNL(), FedMethod(), FedProx(), FedALA(),
+                                                     FedSSI(), FedAvgFull())}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import check_method, gate_check, set_theta
+from plasticlm.fednl.methods import METHODS, check_method, gate_check, set_theta
 from plasticlm.runs import THREADS_ENV
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
@@ -103,15 +103,7 @@ def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
     model, tokenizer = build_model(cfg)
     set_theta(model, theta)
     final = run_dir / "final"
-    if cfg.method.name == "fednl":
-        from plasticlm.memory import save_pretrained
-
-        save_pretrained(model, final)
-    elif cfg.method.name == "fedavg-full":
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-    else:
-        model.save_pretrained(final)  # a PEFT LoRA adapter folder
+    METHODS[cfg.method.name].save(model, tokenizer, final)
     summary = summarise(cfg, ck.records(), theta)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_run(ck.records(), run_dir)
