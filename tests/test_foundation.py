@@ -131,3 +131,22 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert "held-out MC" in out and "| fednl |" in out and "| fedavg |" in out
     stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
     assert stages[-5:] == ["sandbox", "memory", "fednl", "refine", "scol"]
+
+
+def test_version_and_log_level(capsys):
+    """--version names the package and the pinned stack; --log-level sets plasticlm's
+    logger (and rejects levels that do not exist)."""
+    import logging
+
+    from plasticlm import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"plasticlm {__version__}" in out and "torch" in out and "flwr" in out
+    with pytest.raises(SystemExit):
+        main(["--log-level", "LOUD", "data", "--help"])
+    assert main(["--log-level", "DEBUG", "refine", "experiment", "nonsense"]) == 2
+    assert logging.getLogger("plasticlm").level == logging.DEBUG
+    logging.getLogger("plasticlm").setLevel(logging.WARNING)

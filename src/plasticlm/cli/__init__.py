@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
+from importlib import metadata
 
+from plasticlm import __version__
 from plasticlm.errors import PlasticError
 from plasticlm.runs import THREADS_ENV, threads
 
@@ -20,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="LLMs that keep learning after pre-training: FedNL, FedRefine and SCoL "
         "on Hugging Face checkpoints or on a generated sandbox world.",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"plasticlm {__version__} (torch {_version('torch')}, "
+                        f"transformers {_version('transformers')}, flwr {_version('flwr')})")
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="level of plasticlm's log messages on stderr (default WARNING)")
     parser.add_argument("--threads", dest="global_threads", type=int, default=None, metavar="N",
                         help=f"torch intra-op threads for the whole command (default: "
                         f"${THREADS_ENV}, else every core); use 1 when other jobs share the "
@@ -28,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(f"plasticlm.cli.{name}").register(sub)
     return parser
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("plasticlm").setLevel(args.log_level)
     try:
         with threads(args.global_threads):  # the thread policy, set once (plasticlm.runs)
             return args.func(args) or 0
