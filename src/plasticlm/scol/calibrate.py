@@ -92,6 +92,19 @@ def lora_config(base: LoraTrainConfig, setting: dict) -> LoraTrainConfig:
                    replay=setting["replay"])
 
 
+def evaluation_stream(cfg):
+    """``(untouched model, tokenizer, evaluation stream)`` of an experiment config: the
+    same stream the squad experiment evaluates on (legal value sets attached)."""
+    from plasticlm.data.squad import load_squad
+
+    base, tok = load_model(cfg)
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                      legal_sets(cfg))
+    _, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
+                              cfg.seed)
+    return base, tok, stream
+
+
 def run_setting(base_model, tokenizer, stream, lora: LoraTrainConfig, layer_sets, replay,
                 seed: int = 0) -> SweepResult:
     """Consolidate ``stream`` with ``lora`` on ``layer_sets`` (one per context)."""
@@ -114,15 +127,9 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     """The sweep on ``cfg``'s model and evaluation stream (a
     :class:`plasticlm.scol.experiment.ExperimentConfig`); writes ``sweep.json`` and
     ``sweep.md`` under ``out`` and returns the report."""
-    from plasticlm.data.squad import load_squad
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    base, tok = load_model(cfg)
-    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
-                                      legal_sets(cfg))
-    _, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
-                              cfg.seed)
+    base, tok, stream = evaluation_stream(cfg)
     n = num_layers_of(base)
     rng = random.Random(sweep.seed)
     layer_sets = [tuple(sorted(rng.sample(range(n), rng.randint(1, sweep.max_layers))))
@@ -182,15 +189,9 @@ GATE_PP = 5.0
 def oracle_gate(cfg, out: str | Path, max_layers: int = 1, progress: bool = True) -> dict:
     """The oracle gate on ``cfg``'s evaluation stream (see the module docstring); writes
     ``gate.json`` and ``gate.md`` under ``out``."""
-    from plasticlm.data.squad import load_squad
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    base, tok = load_model(cfg)
-    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
-                                      legal_sets(cfg))
-    _, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
-                              cfg.seed)
+    base, tok, stream = evaluation_stream(cfg)
     n = num_layers_of(base)
     actions = [a for k in range(1, max_layers + 1) for a in itertools.combinations(range(n), k)]
     metric = cfg.scol.qa_metric
