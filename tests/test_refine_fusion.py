@@ -242,6 +242,7 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
         assert rows[row]["control"] == control and "minus_control" in rows[row], row
     assert "minus_control_on_taught" in rows["c2c via party 0 (llama) only, parties"]
     assert len(report["inversion"]["layers"]) == 2   # every layer of the quick oracle
+    assert report["oracle_probe"]["rows"]          # the oracle is probed beside the receiver
     assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out
     # a rerun with one more seed trains only the new seed's fusers
     trained = len((out / "metrics.jsonl").read_text().splitlines())

@@ -212,23 +212,29 @@ def run_transfer(cfg: TransferConfig) -> dict:
         store.write_text(json.dumps({"settings": key, "scores": scores, "extra": extra}) + "\n")
 
     # -- the probe gate ------------------------------------------------------------------
-    if "probe" in cfg.rows and "probe" not in extra:
-        probes = {name: probe_table(peer, train_items, test_items) for name, peer in
-                  transmitters.items()}
-        extra["probe"] = {f"{k[0]}|{k[1]}": [probes["specialist"][k], probes["control"][k]]
-                          for k in sorted(probes["specialist"])}
-        keep()
-    probe_rows = {}
-    for k, (s_, c_) in extra.get("probe", {}).items():
-        layer, position = k.split("|")
-        d = pooled_bootstrap_ci([s_], baseline_per_seed=[c_], groups_per_seed=[groups])
-        probe_rows[f"layer {layer}, {position}"] = {
-            "specialist": sum(s_) / len(s_), "control": sum(c_) / len(c_),
-            "difference": dataclasses.asdict(d)}
-    fused = [r["difference"]["mean"] for k, r in probe_rows.items() if not k.endswith(", last")]
-    last = [r["difference"]["mean"] for k, r in probe_rows.items() if k.endswith(", last")]
-    fused_best, last_best = max(fused, default=float("nan")), max(last, default=float("nan"))
-    testable = bool(fused) and 100 * fused_best >= PROBE_GATE_PP
+    def probe_pair(key: str, knows: Peer, blank: Peer) -> None:
+        """Linear probes of ``knows``'s and ``blank``'s prompt caches, stored once."""
+        if key not in extra:
+            a, b = (probe_table(peer, train_items, test_items) for peer in (knows, blank))
+            extra[key] = {f"{k[0]}|{k[1]}": [a[k], b[k]] for k in sorted(a)}
+            keep()
+
+    def probe_summary(key: str) -> tuple[dict, float, float]:
+        rows = {}
+        for k, (s_, c_) in extra.get(key, {}).items():
+            layer, position = k.split("|")
+            d = pooled_bootstrap_ci([s_], baseline_per_seed=[c_], groups_per_seed=[groups])
+            rows[f"layer {layer}, {position}"] = {
+                "specialist": sum(s_) / len(s_), "control": sum(c_) / len(c_),
+                "difference": dataclasses.asdict(d)}
+        fused_ = [r["difference"]["mean"] for k, r in rows.items() if not k.endswith(", last")]
+        last_ = [r["difference"]["mean"] for k, r in rows.items() if k.endswith(", last")]
+        return rows, max(fused_, default=float("nan")), max(last_, default=float("nan"))
+
+    if "probe" in cfg.rows:
+        probe_pair("probe", specialist, control)
+    probe_rows, fused_best, last_best = probe_summary("probe")
+    testable = bool(probe_rows) and 100 * fused_best >= PROBE_GATE_PP
     if cfg.progress and probe_rows:
         print(f"[transfer] probe gate: best specialist - control {100 * fused_best:+.1f} pp at "
               f"fused positions, {100 * last_best:+.1f} pp at the last token", flush=True)
@@ -335,6 +341,7 @@ def run_transfer(cfg: TransferConfig) -> dict:
         oracle = _taught(run.path, cfg.receiver, "oracle", facts, cfg)
         once("transmitter alone, oracle", FedRefine(oracle), "alone")
     if "oracle" in cfg.rows:
+        probe_pair("probe_oracle", oracle, receiver)
         single("c2c, general fuser, oracle", oracle, general, cfg.fuser)
         single("self-fusion, general fuser, receiver", receiver, general, cfg.fuser)
         # The same task fusers as the specialist's, on the dev/val facts the oracle knows;
@@ -433,11 +440,17 @@ def run_transfer(cfg: TransferConfig) -> dict:
                 entry["minus_control_on_taught"] = dataclasses.asdict(pooled_bootstrap_ci(
                     keep_, baseline_per_seed=base, groups_per_seed=sub))
         results[label] = entry
+    oracle_probe = None
+    if "probe_oracle" in extra:
+        rows_o, fused_o, last_o = probe_summary("probe_oracle")
+        oracle_probe = {"rows": rows_o, "best_fused_pp": 100 * fused_o,
+                        "best_last_pp": 100 * last_o}
     report = {"n_eval": len(test_items), "test_entities": len(set(groups)),
               "n_task_examples": len(task), "n_general_examples": len(general),
               "probe_gate": {"rows": probe_rows, "best_fused_pp": 100 * fused_best,
                              "best_last_pp": 100 * last_best, "threshold_pp": PROBE_GATE_PP,
                              "testable": testable},
+              "oracle_probe": oracle_probe,
               "results": results, "fuser_training": training, "gates_on": gates,
               "inversion": extra.get("inversion"),
               "taught": {f.parent.name: {k: v for k, v in json.loads(f.read_text()).items()
@@ -488,6 +501,11 @@ def transfer_table(report: dict) -> str:
                 + verdict)
     else:
         head = "Probe gate: not run (rows without 'probe')."
+    oracle = report.get("oracle_probe")
+    if oracle:
+        head += (f"\n\nOracle probe (the same probe on the oracle's cache, minus the receiver's): "
+                 f"best {oracle['best_fused_pp']:+.1f} pp at the positions C2C fuses, "
+                 f"{oracle['best_last_pp']:+.1f} pp at the last prompt token.")
     lines = [head, "",
              "| row (4-way choice, held-out entities) | accuracy [95% CI] | minus alone | "
              "minus its control | its control | minus control, taught entities only |",
