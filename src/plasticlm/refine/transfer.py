@@ -352,12 +352,6 @@ def run_transfer(cfg: TransferConfig) -> dict:
         single("c2c, task fuser, oracle", oracle, oracle_task, task_cfg)
         single("self-fusion, task fuser, receiver", receiver, oracle_task, task_cfg)
     if "private" in cfg.rows:
-        prefix_cfg = dataclasses.replace(cfg.fuser, mode="prefix")
-        single("prefix c2c, general fuser, oracle", oracle, general, prefix_cfg)
-        rephrased = [dataclasses.replace(ex, transmitter_text=rule_rephrase(ex.prompt))
-                     for ex in general]
-        single("prefix c2c private (rephrased), general fuser, oracle", oracle, rephrased,
-               dataclasses.replace(prefix_cfg, private=True), RefineConfig(private=True))
         if "inversion" not in extra:
             prompts = [it.prompt for it in test_items]
             texts = _world_texts(cfg.receiver)[: cfg.inversion_texts]
@@ -368,6 +362,12 @@ def run_transfer(cfg: TransferConfig) -> dict:
                                   "public_texts": len(texts),
                                   "entity_name_in_clear": sum(clear) / len(clear)}
             keep()
+        prefix_cfg = dataclasses.replace(cfg.fuser, mode="prefix")
+        single("prefix c2c, general fuser, oracle", oracle, general, prefix_cfg)
+        rephrased = [dataclasses.replace(ex, transmitter_text=rule_rephrase(ex.prompt))
+                     for ex in general]
+        single("prefix c2c private (rephrased), general fuser, oracle", oracle, rephrased,
+               dataclasses.replace(prefix_cfg, private=True), RefineConfig(private=True))
 
     if "multi" in cfg.rows:
         k = len(cfg.parties)
