@@ -328,7 +328,9 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
         scfg.seed, scfg.scol.seed, scfg.seeds = cfg.seed + i, cfg.scol.seed + i, 1
         folder = out / f"seed-{scfg.seed}"
         done = folder / "report.json"
-        if done.exists() and json.loads(done.read_text()).get("config") == asdict(scfg):
+        # compared as JSON: a stored config has lists where the dataclass has tuples
+        if done.exists() and json.loads(done.read_text()).get("config") == \
+                json.loads(json.dumps(asdict(scfg))):
             per_seed.append(json.loads(done.read_text()))
         else:
             per_seed.append(run_squad_seed(scfg, folder, progress))
