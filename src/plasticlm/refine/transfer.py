@@ -144,8 +144,8 @@ def _score_both(fr: FedRefine, items: list[ProbeItem], progress: bool, label: st
     return ours, theirs
 
 
-def _taught(run: Path, spec: str, name: str, facts: list[tuple[str, str]], cfg: TransferConfig
-            ) -> Peer:
+def _taught(run: Path, spec: str, name: str, facts: list[tuple[str, str]], cfg: TransferConfig,
+            corpus: list[str]) -> Peer:
     """``spec``'s model taught ``facts`` (fact drills), saved once in ``run/taught/name`` and
     reused while the facts and drill settings are the same."""
     from plasticlm.models import load_causal_lm
@@ -162,13 +162,13 @@ def _taught(run: Path, spec: str, name: str, facts: list[tuple[str, str]], cfg: 
         model, tok = load_causal_lm(folder, dtype="float32")
         return Peer(name, model, tok)
     peer = load_peer(spec)
+    # Did the drills keep the language? The corpus loss before and after.
+    blocks = pack_corpus(peer.tokenizer, corpus[:100], 128)[:32]
+    before = evaluate_loss(peer.model, blocks)
     losses = teach_facts(peer.model, peer.tokenizer, facts, cfg.teach_steps, lr=cfg.teach_lr,
-                         replay=_world_texts(cfg.receiver) if cfg.teach_replay else None,
+                         replay=corpus if cfg.teach_replay else None,
                          replay_batch=cfg.teach_replay, progress=cfg.progress)
     save_model_atomic(peer.model, peer.tokenizer, folder)
-    # Did the drills keep the language? The corpus loss before and after.
-    blocks = pack_corpus(peer.tokenizer, _world_texts(cfg.receiver)[:100], 128)[:32]
-    before = evaluate_loss(load_peer(spec).model, blocks)
     stamp.write_text(json.dumps({"key": key, "first_loss": losses[0], "last_loss": losses[-1],
                                  "corpus_loss_before": before,
                                  "corpus_loss_after": evaluate_loss(peer.model, blocks)})
@@ -299,7 +299,8 @@ def run_transfer(cfg: TransferConfig) -> dict:
                     fusers[0].gates_on())
         seeded([label], run_seed)
 
-    general = general_examples(_world_texts(cfg.receiver), cfg.general_examples)
+    corpus = _world_texts(cfg.receiver)
+    general = general_examples(corpus, cfg.general_examples)
     task: list[Example] = []
     if {"task", "task_fuse_last"} & set(cfg.rows):
         knows = _score(FedRefine(specialist), train_items, "alone", cfg.progress,
@@ -338,7 +339,7 @@ def run_transfer(cfg: TransferConfig) -> dict:
 
     oracle = None
     if {"oracle", "private"} & set(cfg.rows):
-        oracle = _taught(run.path, cfg.receiver, "oracle", facts, cfg)
+        oracle = _taught(run.path, cfg.receiver, "oracle", facts, cfg, corpus)
         once("transmitter alone, oracle", FedRefine(oracle), "alone")
     if "oracle" in cfg.rows:
         probe_pair("probe_oracle", oracle, receiver)
@@ -354,7 +355,7 @@ def run_transfer(cfg: TransferConfig) -> dict:
     if "private" in cfg.rows:
         if "inversion" not in extra:
             prompts = [it.prompt for it in test_items]
-            texts = _world_texts(cfg.receiver)[: cfg.inversion_texts]
+            texts = corpus[: cfg.inversion_texts]
             attack = learned_inversion(oracle.model, oracle.tokenizer, texts, prompts,
                                        [rule_rephrase(x) for x in prompts])
             clear = [float(g in rule_rephrase(x)) for g, x in zip(groups, prompts)]
@@ -371,7 +372,7 @@ def run_transfer(cfg: TransferConfig) -> dict:
 
     if "multi" in cfg.rows:
         k = len(cfg.parties)
-        kinds = {"parties": [_taught(run.path, spec, f"party-{i}", part(i, k), cfg)
+        kinds = {"parties": [_taught(run.path, spec, f"party-{i}", part(i, k), cfg, corpus)
                              for i, spec in enumerate(cfg.parties)],
                  "untaught": [load_peer(spec) for spec in cfg.parties]}
         for kind, peers in kinds.items():
@@ -394,8 +395,8 @@ def run_transfer(cfg: TransferConfig) -> dict:
         extra["party_of_item"] = known_by(k)
 
     if "co_c2c" in cfg.rows:
-        a = _taught(run.path, cfg.receiver, "half-0", part(0, 2), cfg)
-        b = _taught(run.path, cfg.control, "half-1", part(1, 2), cfg)
+        a = _taught(run.path, cfg.receiver, "half-0", part(0, 2), cfg, corpus)
+        b = _taught(run.path, cfg.control, "half-1", part(1, 2), cfg, corpus)
         once("alone, co-party A (receiver taught half 0)", FedRefine(a), "alone")
         once("alone, co-party B (control taught half 1)", FedRefine(b), "alone")
         labels = ["co-c2c, co-party A (receiver taught half 0)",
