@@ -5,7 +5,7 @@
 
 ``openbook``: the frozen sandbox receiver reads an unseen entity's passage, 40-80 words of
 neutral filler, then a question about the passage (the world's open-book items,
-`plasticlm.data.world_tasks`); train on the items of half the unseen entities, test on the
+`plasticlm.sandbox.tasks`); train on the items of half the unseen entities, test on the
 other half. ``niah``: single-needle samples of 96 tokens with the needle in the first 40%
 (fresh needles for training and testing). Either way the evidence is far outside a W-token
 window. Only theta trains (centrally: the mechanism FedNL federates), and every variant is
@@ -164,12 +164,12 @@ def main(argv=None) -> int:
     args.out = args.out or str(RESULTS / f"fednl_beyond_window_{args.task}{suffix}.json")
     variants = ("window + LoRA", *ABLATION) if args.ablation else VARIANTS
 
-    from plasticlm.data.world import generate_world
-    from plasticlm.data.world_tasks import openbook_items
     from plasticlm.eval import closed_set_accuracy, format_ci, pooled_bootstrap_ci
     from plasticlm.models import load_causal_lm
     from plasticlm.runs import set_threads
     from plasticlm.sandbox import get_preset, sandbox_model
+    from plasticlm.sandbox.tasks import openbook_items
+    from plasticlm.sandbox.world import generate_world
 
     set_threads(args.threads)
     folder = sandbox_model("receiver", preset=args.preset)

@@ -26,10 +26,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main() -> None:
     from plasticlm.data.niah import haystack_sentences
-    from plasticlm.data.world import generate_world, write_world
     from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm
     from plasticlm.sandbox import PRESETS, evaluate_niah, evaluate_world_mc, train_drills
     from plasticlm.sandbox.pretrain import build_model
+    from plasticlm.sandbox.world import generate_world, write_world
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400, help="drill steps")

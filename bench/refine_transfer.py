@@ -33,11 +33,11 @@ FUSIONS = {"aligned": {"mode": "aligned"},
 
 def main() -> None:
     from plasticlm.data.mmlu import load_mmlu
-    from plasticlm.data.world import mc_prompt, question_meta, read_world_index
     from plasticlm.refine import FedRefine, Link
     from plasticlm.refine.experiment import load_peer
     from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
     from plasticlm.sandbox import sandbox_world
+    from plasticlm.sandbox.world import mc_prompt, question_meta, read_world_index
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=10)

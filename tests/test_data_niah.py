@@ -17,8 +17,8 @@ from plasticlm.data import (
     score,
     write_niah,
 )
-from plasticlm.data.world import filler_sentences
 from plasticlm.errors import PlasticError
+from plasticlm.sandbox.world import filler_sentences
 
 HAY = haystack_sentences(filler_sentences(300, seed=1))
 

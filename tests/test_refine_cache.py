@@ -202,7 +202,7 @@ def test_prefix_mode_with_rephrased_prompt_of_other_length(peers):
 
 
 def test_draft_only_prefix_shares_only_the_drafted_tokens(peers):
-    from plasticlm.refine.modes import transmitter_ids
+    from plasticlm.refine.peer import transmitter_ids
 
     r, t1, _ = peers
     f = _perturbed(Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix", draft_tokens=3,

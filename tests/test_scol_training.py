@@ -390,8 +390,8 @@ def test_sandbox_questions_have_an_entity_swapped_twin():
     """Each quick-world question gets the same question about a name no world entity has
     (one name per entity), keeping its gold answers: the entity-swap control."""
     from plasticlm.data.squad import load_squad
-    from plasticlm.data.world import read_world_index
     from plasticlm.sandbox import sandbox_world
+    from plasticlm.sandbox.world import read_world_index
     from plasticlm.scol.experiment import quick_config, resolve_world_file, swap_names
 
     cfg = quick_config()

@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _world(args) -> int:
     from plasticlm.config import load_config
-    from plasticlm.data.world import WorldConfig, generate_world, write_world
-    from plasticlm.data.world_tasks import write_world_tasks
+    from plasticlm.sandbox.tasks import write_world_tasks
+    from plasticlm.sandbox.world import WorldConfig, generate_world, write_world
 
     cfg = load_config(WorldConfig, args.config, [f"seed={args.seed}", *args.overrides])
     world = generate_world(cfg)
@@ -66,7 +66,7 @@ def _haystack_docs(path: str | None):
     from plasticlm.data.corpus import load_haystack, load_text_corpus
 
     if path is None:
-        from plasticlm.data.world import generate_world
+        from plasticlm.sandbox.world import generate_world
 
         return generate_world().valid_docs
     p = Path(path)
@@ -113,9 +113,9 @@ def _describe(path: Path) -> dict:
         load_text_corpus,
     )
     from plasticlm.data.mmlu import SPLITS
-    from plasticlm.data.world import read_world_index
-    from plasticlm.data.world_tasks import load_client_streams, load_openbook
     from plasticlm.errors import PlasticError
+    from plasticlm.sandbox.tasks import load_client_streams, load_openbook
+    from plasticlm.sandbox.world import read_world_index
 
     if not path.exists():
         raise PlasticError(f"{path} does not exist")

@@ -304,8 +304,8 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     """The final thetas of the ``cfg.stream_from`` runs (trained first if missing) read each
     domain's client stream; per variant and seed, the CE of every 256-token bucket divided
     by that of the first, averaged over the five streams."""
-    from plasticlm.data.world_tasks import load_client_streams
     from plasticlm.sandbox import resolve_data_spec
+    from plasticlm.sandbox.tasks import load_client_streams
 
     ob = dataclasses.replace(cfg, experiment=cfg.stream_from)
     root = Path(cfg.out) / cfg.stream_from

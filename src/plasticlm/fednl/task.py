@@ -29,7 +29,6 @@ from plasticlm.data import partition
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import score
 from plasticlm.data.records import MCQuestion
-from plasticlm.data.world_tasks import load_openbook
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     QA_TEMPLATE,
@@ -41,6 +40,7 @@ from plasticlm.eval import (
     qa_prompt,
 )
 from plasticlm.sandbox.probes import niah_choice
+from plasticlm.sandbox.tasks import load_openbook
 
 
 @dataclass
@@ -155,7 +155,7 @@ def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_clien
 @dataclass
 class OpenBookTask(ClientTask):
     """An open-book client: ``train``/``test`` hold
-    :class:`~plasticlm.data.world_tasks.OpenBookItem` about disjoint entities."""
+    :class:`~plasticlm.sandbox.tasks.OpenBookItem` about disjoint entities."""
 
     def pairs(self) -> list[tuple[str, str]]:
         return [(it.prompt, qa_continuation(it.choices[it.answer])) for it in self.train]

@@ -3,6 +3,7 @@
 - ``cache``: typed per-layer KV caches, extracted from and injected into HF models;
 - ``align``: layer maps, RoPE de-/re-rotation, token alignment across vocabularies;
 - ``fuser``: small per-layer fusers (aligned and prefix fusion), safetensors + config;
+- ``peer``: a device's model and how prompts and answers become its tokens;
 - ``train``: fuser training with both LLMs frozen;
 - ``modes``: alone, t2t, c2c, multi and co-c2c behind one API;
 - ``rephrase`` and ``leakage``: privacy by rephrasing and its measured leakage;
@@ -20,7 +21,8 @@ from plasticlm.refine.leakage import (
     learned_inversion,
     measure_leakage,
 )
-from plasticlm.refine.modes import MODES, Answer, FedRefine, Link, Peer, RefineConfig, Scored
+from plasticlm.refine.modes import MODES, Answer, FedRefine, Link, RefineConfig, Scored
+from plasticlm.refine.peer import Peer
 from plasticlm.refine.rephrase import rephrase, rule_rephrase
 from plasticlm.refine.train import Example, FuserTrainConfig, train_fuser, train_fusers
 

@@ -7,7 +7,7 @@ to the keys at the positions the tokens were run at.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -93,6 +93,48 @@ class KVCache:
         return 2 * len(layers) * tokens * self.num_kv_heads * self.head_dim * \
             BYTES_PER_ELEMENT_ON_WIRE
 
+    def delta(self, base: KVCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer change (keys, values) from ``base`` to this cache (same shapes)."""
+        return ([k - b for k, b in zip(self.keys, base.keys)],
+                [v - b for v, b in zip(self.values, base.values)])
+
+    def add_delta(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVCache:
+        """This cache with ``keys[l]``/``values[l]`` [B, H, T, D] added to each layer."""
+        return replace(self, keys=[k + d for k, d in zip(self.keys, keys)],
+                       values=[v + d for v, d in zip(self.values, values)])
+
+    def plus_changes(self, others: list[KVCache]) -> KVCache:
+        """This cache plus every one of ``others``' change to it (parallel multi-transmitter
+        fusion: each fuser writes on the receiver's own cache, their changes add up)."""
+        changes = [o.delta(self) for o in others]
+        return self.add_delta([sum(c[0][l] for c in changes) for l in range(self.num_layers)],
+                              [sum(c[1][l] for c in changes) for l in range(self.num_layers)])
+
+    def truncate(self, end: int) -> KVCache:
+        """The first ``end`` positions."""
+        return replace(self, keys=[k[:, :, :end] for k in self.keys],
+                       values=[v[:, :, :end] for v in self.values],
+                       token_ids=self.token_ids[:, :end], positions=self.positions[:, :end],
+                       mask=self.mask[:, :end])
+
+    def cat(self, other: KVCache) -> KVCache:
+        """This cache then ``other`` along positions (both in this model's space)."""
+        return KVCache.concat([self, other], self.model_name)
+
+    @staticmethod
+    def concat(caches: list[KVCache], model_name: str | None = None) -> KVCache:
+        """Caches of one model's space joined along positions (e.g. several transmitters'
+        prefixes); named ``a+b+..`` unless ``model_name`` is given."""
+        first = caches[0]
+        return KVCache(first.layout,
+                       [torch.cat([c.keys[l] for c in caches], 2) for l in range(first.num_layers)],
+                       [torch.cat([c.values[l] for c in caches], 2)
+                        for l in range(first.num_layers)],
+                       torch.cat([c.token_ids for c in caches], 1),
+                       torch.cat([c.positions for c in caches], 1),
+                       torch.cat([c.mask for c in caches], 1),
+                       "+".join(c.model_name for c in caches) if model_name is None else model_name)
+
     def to_dynamic_cache(self):
         """A fresh ``DynamicCache`` holding these tensors (gradients flow through them)."""
         return build_dynamic_cache(self.keys, self.values)
@@ -101,10 +143,10 @@ class KVCache:
         """The batch-1 cache repeated ``n`` times along the batch (for scoring choices)."""
         if self.keys[0].shape[0] != 1:
             raise PlasticError("expand() needs a batch-1 cache")
-        return KVCache(self.layout, [k.expand(n, -1, -1, -1) for k in self.keys],
-                       [v.expand(n, -1, -1, -1) for v in self.values],
-                       self.token_ids.expand(n, -1), self.positions.expand(n, -1),
-                       self.mask.expand(n, -1), self.model_name)
+        return replace(self, keys=[k.expand(n, -1, -1, -1) for k in self.keys],
+                       values=[v.expand(n, -1, -1, -1) for v in self.values],
+                       token_ids=self.token_ids.expand(n, -1),
+                       positions=self.positions.expand(n, -1), mask=self.mask.expand(n, -1))
 
 
 def stack_caches(caches: list[KVCache]) -> KVCache:

@@ -28,7 +28,7 @@ land on, so both fusion modes place keys exactly where they are used:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -320,8 +320,7 @@ class Fuser(nn.Module):
                         self.config.receiver_rope_scaling)
             keys.append(receiver.keys[l] + dk.to(receiver.dtype))
             values.append(receiver.values[l] + dv.to(receiver.dtype))
-        return KVCache(receiver.layout, keys, values, receiver.token_ids, receiver.positions,
-                       receiver.mask, receiver.model_name)
+        return replace(receiver, keys=keys, values=values)
 
     def prefix(self, transmitter: KVCache, receiver_layout: KVLayout,
                start: torch.Tensor | int = 1, skip_first: bool = True,
@@ -379,24 +378,3 @@ class Fuser(nn.Module):
         fuser = cls(config, state["receiver_inv_freq"], state["transmitter_inv_freq"])
         fuser.load_state_dict(state)
         return fuser.eval()
-
-
-def stack_prefixes(prefixes: list[KVCache]) -> KVCache:
-    """Concatenate prefix caches along positions (multi-transmitter prefix fusion)."""
-    first = prefixes[0]
-    return KVCache(first.layout,
-                   [torch.cat([p.keys[l] for p in prefixes], 2) for l in range(first.num_layers)],
-                   [torch.cat([p.values[l] for p in prefixes], 2)
-                    for l in range(first.num_layers)],
-                   torch.cat([p.token_ids for p in prefixes], 1),
-                   torch.cat([p.positions for p in prefixes], 1),
-                   torch.cat([p.mask for p in prefixes], 1), "+".join(p.model_name
-                                                                      for p in prefixes))
-
-
-def concat_caches(a: KVCache, b: KVCache) -> KVCache:
-    """``a`` then ``b`` along positions (both already in the same model's space)."""
-    return KVCache(a.layout, [torch.cat([x, y], 2) for x, y in zip(a.keys, b.keys)],
-                   [torch.cat([x, y], 2) for x, y in zip(a.values, b.values)],
-                   torch.cat([a.token_ids, b.token_ids], 1), torch.cat([a.positions, b.positions], 1),
-                   torch.cat([a.mask, b.mask], 1), a.model_name)

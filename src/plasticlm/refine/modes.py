@@ -25,26 +25,13 @@ from plasticlm.refine.cache import (
     build_dynamic_cache,
     continue_from_cache,
     extract_cache,
-    kv_layout,
 )
-from plasticlm.refine.fuser import Fuser, concat_caches, stack_prefixes
+from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
 from plasticlm.refine.rephrase import rephrase
 
 MODES = ("alone", "t2t", "c2c", "multi", "co-c2c")
 ORDERS = ("parallel", "sequence")
-
-
-@dataclass
-class Peer:
-    """One device's LLM."""
-
-    name: str
-    model: object
-    tokenizer: object
-
-    @property
-    def layout(self):
-        return kv_layout(self.model)
 
 
 @dataclass
@@ -105,29 +92,10 @@ class Answer:
     partner_text: str | None = None
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    from plasticlm.eval import encode_with_bos
-
-    ids = encode_with_bos(tokenizer, text)
-    if len(ids) < 2:
-        raise PlasticError(f"prompt {text!r} is too short: it needs at least two tokens")
-    return ids
-
-
-def _row(ids: list[int]) -> torch.Tensor:
-    return torch.tensor([ids], dtype=torch.long)
-
-
 def _cache_bytes(fuser: Fuser, tokens: int) -> int:
     c = fuser.config
     return 2 * len(fuser.transmitter_layers_read) * tokens * c.transmitter_kv_heads * \
         c.transmitter_head_dim * BYTES_PER_ELEMENT_ON_WIRE
-
-
-def _slice(cache: KVCache, end: int) -> KVCache:
-    return KVCache(cache.layout, [k[:, :, :end] for k in cache.keys],
-                   [v[:, :, :end] for v in cache.values], cache.token_ids[:, :end],
-                   cache.positions[:, :end], cache.mask[:, :end], cache.model_name)
 
 
 class FedRefine:
@@ -162,8 +130,8 @@ class FedRefine:
         return self.links[: n or len(self.links)]
 
     def _alone(self, prompt: str) -> Prepared:
-        ids = _ids(self.receiver.tokenizer, prompt)
-        cache, _ = extract_cache(self.receiver.model, _row(ids[:-1]), model_name=self.receiver.name)
+        ids = prompt_ids(self.receiver.tokenizer, prompt)
+        cache, _ = extract_cache(self.receiver.model, as_batch(ids[:-1]), model_name=self.receiver.name)
         return Prepared(cache, ids[-1:], ids)
 
     def _transmit_text(self, prompt: str) -> str:
@@ -220,29 +188,25 @@ class FedRefine:
             raise PlasticError("private mode shares caches of a rephrased prompt, which only "
                                "prefix fusers can read; train fusers with mode=prefix")
         r = self.receiver
-        ids = _ids(r.tokenizer, prompt)
+        ids = prompt_ids(r.tokenizer, prompt)
         fuse_last = links[0].fuser.config.fuse_last
         if any(link.fuser.config.fuse_last != fuse_last for link in links):
             raise PlasticError("all aligned fusers must agree on fuse_last")
         n_fused = len(ids) if fuse_last else len(ids) - 1
-        own, _ = extract_cache(r.model, _row(ids[:n_fused]), model_name=r.name)
+        own, _ = extract_cache(r.model, as_batch(ids[:n_fused]), model_name=r.name)
         fused, wire = own, 0
         for link in links:
             al = align_tokens(r.tokenizer, link.peer.tokenizer, prompt)
             if al.receiver_ids != ids:
                 raise PlasticError("receiver tokens differ between alignment and prompt "
                                    "encoding; the tokenizer is not deterministic")
-            t_cache, _ = extract_cache(link.peer.model, _row(al.transmitter_ids),
+            t_cache, _ = extract_cache(link.peer.model, as_batch(al.transmitter_ids),
                                        model_name=link.peer.name)
             index = torch.tensor([al.index[:n_fused]])
             base = own if self.config.order == "parallel" else fused
             out = link.fuser.fuse_aligned(base, t_cache, index)
             if self.config.order == "parallel":
-                delta_k = [a - b for a, b in zip(out.keys, own.keys)]
-                delta_v = [a - b for a, b in zip(out.values, own.values)]
-                fused = KVCache(fused.layout, [k + d for k, d in zip(fused.keys, delta_k)],
-                                [v + d for v, d in zip(fused.values, delta_v)], fused.token_ids,
-                                fused.positions, fused.mask, fused.model_name)
+                fused = fused.add_delta(*out.delta(own))
             else:
                 fused = out
             wire += len(prompt.encode()) + _cache_bytes(link.fuser, len(al.transmitter_ids))
@@ -250,23 +214,23 @@ class FedRefine:
 
     def _prefix(self, prompt: str, links: list[Link]) -> Prepared:
         r = self.receiver
-        ids = _ids(r.tokenizer, prompt)
+        ids = prompt_ids(r.tokenizer, prompt)
         has_bos = r.tokenizer.bos_token_id is not None and ids[0] == r.tokenizer.bos_token_id
         text = self._transmit_text(prompt)
         start = 1 if has_bos else 0
         prefixes, wire = [], 0
         for link in links:
             t_ids = transmitter_ids(link.peer, text, link.fuser.config.draft_tokens)
-            t_cache, _ = extract_cache(link.peer.model, _row(t_ids), model_name=link.peer.name)
+            t_cache, _ = extract_cache(link.peer.model, as_batch(t_ids), model_name=link.peer.name)
             p = link.fuser.prefix(t_cache, r.layout, start=start,
-                                  prompt_length=len(_ids(link.peer.tokenizer, text)))
+                                  prompt_length=len(prompt_ids(link.peer.tokenizer, text)))
             prefixes.append(p)
             start += p.length
             wire += len(text.encode()) + _cache_bytes(link.fuser, p.length)
-        state = stack_prefixes(prefixes)
+        state = KVCache.concat(prefixes)
         if has_bos:
-            bos, _ = extract_cache(r.model, _row(ids[:1]), model_name=r.name)
-            state = concat_caches(bos, state)
+            bos, _ = extract_cache(r.model, as_batch(ids[:1]), model_name=r.name)
+            state = bos.cat(state)
         return Prepared(state, ids[1:] if has_bos else ids, ids, wire,
                         rephrased=[text] if self.config.private else [])
 
@@ -285,11 +249,11 @@ class FedRefine:
         f_ab.check(b.layout, a.layout)
         al_ab = align_tokens(a.tokenizer, b.tokenizer, prompt)   # A's positions read B's
         al_ba = align_tokens(b.tokenizer, a.tokenizer, prompt)
-        a_full, _ = extract_cache(a.model, _row(al_ab.receiver_ids), model_name=a.name)
-        b_full, _ = extract_cache(b.model, _row(al_ba.receiver_ids), model_name=b.name)
+        a_full, _ = extract_cache(a.model, as_batch(al_ab.receiver_ids), model_name=a.name)
+        b_full, _ = extract_cache(b.model, as_batch(al_ba.receiver_ids), model_name=b.name)
         cut_a = a_full.length - (0 if f_ba.config.fuse_last else 1)
         cut_b = b_full.length - (0 if f_ab.config.fuse_last else 1)
-        a_own, b_own = _slice(a_full, cut_a), _slice(b_full, cut_b)
+        a_own, b_own = a_full.truncate(cut_a), b_full.truncate(cut_b)
         idx_ab, idx_ba = torch.tensor([al_ab.index[:cut_a]]), torch.tensor([al_ba.index[:cut_b]])
         a_send, b_send, wire = a_full, b_full, 0
         for _ in range(max(1, self.config.rounds)):
@@ -346,42 +310,12 @@ class FedRefine:
         return answer
 
 
-@torch.no_grad()
-def transmitter_ids(peer: Peer, text: str, draft_tokens: int = 0) -> list[int]:
-    """The transmitter's tokens of ``text`` (one BOS), followed by up to ``draft_tokens``
-    greedy tokens of its own (stopping at EOS)."""
-    ids = _ids(peer.tokenizer, text)
-    if draft_tokens <= 0:
-        return ids
-    device = next(peer.model.parameters()).device
-    pad = peer.tokenizer.pad_token_id
-    out = peer.model.generate(input_ids=_row(ids).to(device), max_new_tokens=draft_tokens,
-                              do_sample=False, pad_token_id=pad if pad is not None else 0,
-                              eos_token_id=peer.tokenizer.eos_token_id)
-    new = out[0, len(ids):].tolist()
-    eos = peer.tokenizer.eos_token_id
-    return ids + (new[: new.index(eos)] if eos in new else new)
-
-
 def _start(prep: Prepared, batch: int = 1) -> torch.Tensor | None:
     return None if prep.start is None else torch.full((batch,), prep.start)
 
 
 def _argmax(xs: list[float]) -> int:
     return max(range(len(xs)), key=xs.__getitem__)
-
-
-def continuation_ids(tokenizer, prompt_ids: list[int], prompt: str, piece: str) -> list[int]:
-    """Token ids that ``piece`` adds after ``prompt`` when both are encoded as one text."""
-    from plasticlm.eval import encode_with_bos
-
-    full = encode_with_bos(tokenizer, prompt + piece)
-    if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
-        return full[len(prompt_ids):]
-    ids = list(tokenizer(piece, add_special_tokens=False)["input_ids"])
-    if not ids:
-        raise PlasticError(f"answer choice {piece!r} encodes to no tokens")
-    return ids
 
 
 def score_choices(model, tokenizer, prep: Prepared, prompt: str, choices: list[str]
@@ -412,7 +346,7 @@ def greedy_decode(model, tokenizer, prep: Prepared, max_new_tokens: int,
     cache = build_dynamic_cache(prep.cache.keys, prep.cache.values)
     mask = prep.cache.mask.to(device)
     pos = int(prep.cache.mask.sum()) if prep.start is None else prep.start
-    ids = _row(prep.tail).to(device)
+    ids = as_batch(prep.tail).to(device)
     new: list[int] = []
     first = None
     eos = tokenizer.eos_token_id

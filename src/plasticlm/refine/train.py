@@ -25,8 +25,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import pad_batch, pad_id_of, qa_continuation
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
-from plasticlm.refine.fuser import Fuser, concat_caches
-from plasticlm.refine.modes import Peer, _ids, _row, continuation_ids, transmitter_ids
+from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
 from plasticlm.refine.rephrase import rephrase
 
 
@@ -78,22 +78,22 @@ class _Prepared:
 
 def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
              fuse_last: bool = False, draft_tokens: int = 0) -> _Prepared:
-    r_ids = _ids(receiver.tokenizer, ex.prompt)
+    r_ids = prompt_ids(receiver.tokenizer, ex.prompt)
     answer = continuation_ids(receiver.tokenizer, r_ids, ex.prompt, ex.answer)
     if mode == "aligned":
         al = align_tokens(receiver.tokenizer, transmitter.tokenizer, ex.prompt)
         n = len(r_ids) if fuse_last else len(r_ids) - 1
-        own, _ = extract_cache(receiver.model, _row(r_ids[:n]))
-        t_cache, _ = extract_cache(transmitter.model, _row(al.transmitter_ids))
+        own, _ = extract_cache(receiver.model, as_batch(r_ids[:n]))
+        t_cache, _ = extract_cache(transmitter.model, as_batch(al.transmitter_ids))
         return _Prepared(own, t_cache, torch.tensor([al.index[:n]]), r_ids[-1:], answer,
                          len(r_ids) - 1)
     text = ex.transmitter_text or ex.prompt
     t_cache, _ = extract_cache(transmitter.model,
-                               _row(transmitter_ids(transmitter, text, draft_tokens)))
-    n = len(_ids(transmitter.tokenizer, text))
+                               as_batch(transmitter_ids(transmitter, text, draft_tokens)))
+    n = len(prompt_ids(transmitter.tokenizer, text))
     bos = receiver.tokenizer.bos_token_id
     if bos is not None and r_ids[0] == bos:
-        own, _ = extract_cache(receiver.model, _row(r_ids[:1]))
+        own, _ = extract_cache(receiver.model, as_batch(r_ids[:1]))
         return _Prepared(own, t_cache, None, r_ids[1:], answer, prompt_length=n)
     return _Prepared(None, t_cache, None, r_ids, answer, prompt_length=n)
 
@@ -105,14 +105,14 @@ def fused_state(fuser: Fuser, p: _Prepared, receiver_layout) -> KVCache:
     start = 1 if p.own is not None else 0
     prefix = fuser.prefix(p.transmitter, receiver_layout, start=start,
                           prompt_length=p.prompt_length)
-    return concat_caches(p.own, prefix) if p.own is not None else prefix
+    return p.own.cat(prefix) if p.own is not None else prefix
 
 
 def answer_loss(receiver_model, state: KVCache, tail: list[int], answer: list[int],
                 start: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of ``answer`` tokens after running ``tail`` on ``state`` (``tail[0]``
     at position ``start``, default right after the cache)."""
-    ids = _row(tail + answer[:-1])
+    ids = as_batch(tail + answer[:-1])
     starts = None if start is None else torch.tensor([start])
     logits = continue_from_cache(receiver_model, state, ids,
                                  start_positions=starts)[0, len(tail) - 1:]
@@ -209,14 +209,6 @@ def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
     return fusers[0], losses
 
 
-def _parallel_sum(own: KVCache, fused: list[KVCache]) -> KVCache:
-    """``own`` plus every fused state's change to it (FedRefine's parallel multi)."""
-    keys = [k + sum(f.keys[i] - k for f in fused) for i, k in enumerate(own.keys)]
-    values = [v + sum(f.values[i] - v for f in fused) for i, v in enumerate(own.values)]
-    return KVCache(own.layout, keys, values, own.token_ids, own.positions, own.mask,
-                   own.model_name)
-
-
 def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Example],
                  cfg: FuserTrainConfig | None = None, progress: bool = True, log=None,
                  prepared: list[list[_Prepared]] | None = None
@@ -297,8 +289,8 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
                 opt.zero_grad(set_to_none=True)
                 states = [fused_batch_state(fusers[i], [prepared[i][j] for j in rows],
                                             receiver.layout) for i in subset]
-                state = states[0] if len(fusers) == 1 else _parallel_sum(
-                    stack_caches([prepared[0][j].own for j in rows]), states)
+                state = states[0] if len(fusers) == 1 else stack_caches(
+                    [prepared[0][j].own for j in rows]).plus_changes(states)
                 loss = batch_answer_loss(receiver.model, pad_id, state,
                                          [prepared[subset[0]][j] for j in rows])
                 loss.backward()

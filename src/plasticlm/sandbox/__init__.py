@@ -1,8 +1,10 @@
-"""The sandbox: presets of a generated world and a small model family pre-trained on it.
+"""The sandbox: a generated world (entities, passages, questions, client tasks), presets of it
+and a small model family pre-trained on it.
 
 Sits above ``data``, ``models`` and ``eval`` (it uses all three) and below the methods.
 """
 
+from plasticlm.sandbox.domains import WORLD_CLIENT_DOMAIN
 from plasticlm.sandbox.drills import (
     niah_drill_batch,
     reading_drill_batch,
@@ -32,7 +34,23 @@ from plasticlm.sandbox.probes import (
     probe_table,
 )
 from plasticlm.sandbox.specs import resolve_data_spec, resolve_model_spec, sandbox_preset_of
+from plasticlm.sandbox.tasks import (
+    OpenBookItem,
+    StreamSegment,
+    client_stream,
+    load_client_streams,
+    load_openbook,
+    openbook_items,
+    write_world_tasks,
+)
 from plasticlm.sandbox.text import TextPretrainConfig, pretrain_text
+from plasticlm.sandbox.world import (
+    World,
+    WorldConfig,
+    generate_world,
+    read_world_index,
+    write_world,
+)
 
 __all__ = [
     "PRESETS", "SANDBOX_VERSION", "ModelSpec", "Preset", "TextPretrainConfig", "TokenizerSpec",
@@ -40,4 +58,7 @@ __all__ = [
     "niah_choice", "niah_drill_batch", "preset_dir", "pretrain_preset", "pretrain_text",
     "probe_table", "reading_drill_batch", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
     "sandbox_preset_of", "sandbox_world", "teach_facts", "train_drills",
+    "OpenBookItem", "StreamSegment", "WORLD_CLIENT_DOMAIN", "World", "WorldConfig", "client_stream",
+    "generate_world", "load_client_streams", "load_openbook", "openbook_items", "read_world_index",
+    "write_world", "write_world_tasks",
 ]

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from plasticlm.data.niah import generate_niah
-from plasticlm.data.world import Entity, World, passage_text
-from plasticlm.data.world_domains import KINDS, entity_name, person_name
-from plasticlm.data.world_tasks import filler_text
 from plasticlm.eval import encode_pair, qa_continuation, qa_prompt
 from plasticlm.models import train_steps
 from plasticlm.models.pretrain import lm_loss, pack_corpus
+from plasticlm.sandbox.domains import KINDS, entity_name, person_name
+from plasticlm.sandbox.tasks import filler_text
+from plasticlm.sandbox.world import Entity, World, passage_text
 
 
 def _answer_batch(pairs: list[tuple[list[int], list[int]]], pad: int

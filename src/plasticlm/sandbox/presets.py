@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plasticlm.data.world import WorldConfig
 from plasticlm.errors import PlasticError
 from plasticlm.runs import cache_home
+from plasticlm.sandbox.world import WorldConfig
 
 SANDBOX_VERSION = 2
 

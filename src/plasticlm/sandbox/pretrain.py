@@ -19,8 +19,6 @@ from pathlib import Path
 import torch
 
 from plasticlm.data.niah import haystack_sentences
-from plasticlm.data.world import World, generate_world, write_world
-from plasticlm.data.world_tasks import write_world_tasks
 from plasticlm.errors import PlasticError
 from plasticlm.models import (
     build_tiny,
@@ -41,6 +39,8 @@ from plasticlm.sandbox.probes import (
     evaluate_world_mc,
     probe_table,
 )
+from plasticlm.sandbox.tasks import write_world_tasks
+from plasticlm.sandbox.world import World, generate_world, write_world
 
 
 def save_model_atomic(model, tokenizer, out: Path) -> None:

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import generate_niah, score
-from plasticlm.data.world import World, question_meta, read_world_index
-from plasticlm.data.world_tasks import openbook_items
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     MCConfig,
@@ -25,6 +23,8 @@ from plasticlm.eval import (
     pad_id_of,
     score_continuations,
 )
+from plasticlm.sandbox.tasks import openbook_items
+from plasticlm.sandbox.world import World, question_meta, read_world_index
 
 
 def _ci_entry(correct: list[float], groups: list[str] | None = None) -> dict:

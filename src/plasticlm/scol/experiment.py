@@ -247,8 +247,8 @@ def legal_sets(cfg: ExperimentConfig):
     ``domain.split.n.attribute``); None for a real SQuAD file (open answers)."""
     if cfg.squad:
         return None
-    from plasticlm.data.world import closed_value_sets, read_world_index
     from plasticlm.sandbox import sandbox_world
+    from plasticlm.sandbox.world import closed_value_sets, read_world_index
 
     sets = closed_value_sets(read_world_index(sandbox_world(cfg.preset)))
 
@@ -266,10 +266,10 @@ def swap_names(cfg: ExperimentConfig):
         return None
     import random
 
-    from plasticlm.data.world import read_world_index
-    from plasticlm.data.world_domains import KINDS, entity_name
     from plasticlm.eval import swap_entity
     from plasticlm.sandbox import sandbox_world
+    from plasticlm.sandbox.domains import KINDS, entity_name
+    from plasticlm.sandbox.world import read_world_index
 
     index = read_world_index(sandbox_world(cfg.preset))
     taken = {e["name"] for e in index["entities"]}

@@ -7,20 +7,22 @@ import pytest
 
 from plasticlm.data import (
     CLIENT_DOMAINS,
-    WORLD_CLIENT_DOMAIN,
-    WorldConfig,
-    generate_world,
     load_longbench,
     load_mmlu,
     load_squad,
     load_streams,
     load_text_corpus,
+)
+from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_prompt
+from plasticlm.sandbox import (
+    WORLD_CLIENT_DOMAIN,
+    WorldConfig,
+    generate_world,
     read_world_index,
     write_world,
 )
-from plasticlm.data.world import question_meta
-from plasticlm.errors import PlasticError
-from plasticlm.eval import qa_prompt
+from plasticlm.sandbox.world import question_meta
 
 SMALL = WorldConfig(seed=5, core_per_domain=16, unseen_per_domain=4, specialist_entities=8,
                     drills=10, longbench_per_length=2, longbench_words=(200, 400, 800))

@@ -70,8 +70,8 @@ def test_mc_accuracy_matches_unbatched_reference(quick):
     """Batched scoring picks the same choices as a plain one-sequence-at-a-time log-prob."""
     import torch
 
-    from plasticlm.data.world import mc_prompt
     from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox.world import mc_prompt
 
     out, _ = quick
     model, tok = load_causal_lm(out / "receiver")
@@ -113,8 +113,8 @@ def test_niah_drill_batch_labels_only_the_answer(quick):
 def test_reading_drills_ask_about_a_fresh_entity_of_their_own_passage(quick):
     """The answer is the value the drill's passage states (before the filler), for an entity
     no world entity is called, and it changes with the seed: only reading can answer."""
-    from plasticlm.data.world import generate_world
     from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox.world import generate_world
 
     out, _ = quick
     _, tok = load_causal_lm(out / "receiver")
@@ -139,8 +139,8 @@ def test_drills_lower_the_drill_loss(quick):
     """Drills train: the loss of the last steps is below that of the first."""
     from plasticlm.data.corpus import load_text_corpus
     from plasticlm.data.niah import haystack_sentences
-    from plasticlm.data.world import generate_world
     from plasticlm.models import build_tiny, load_causal_lm
+    from plasticlm.sandbox.world import generate_world
 
     out, _ = quick
     _, tok = load_causal_lm(out / "receiver")

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from plasticlm.data.jsonl import read_jsonl
-from plasticlm.data.world import World, filler_sentences, passage_text
-from plasticlm.data.world_domains import person_name
 from plasticlm.errors import PlasticError
 from plasticlm.eval.prompts import qa_prompt
+from plasticlm.sandbox.domains import person_name
+from plasticlm.sandbox.world import World, filler_sentences, passage_text
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ and every question is asked only after its evidence."""
 
 import pytest
 
-from plasticlm.data import (
+from plasticlm.errors import PlasticError
+from plasticlm.sandbox import (
     WorldConfig,
     client_stream,
     generate_world,
@@ -12,7 +13,6 @@ from plasticlm.data import (
     openbook_items,
     write_world_tasks,
 )
-from plasticlm.errors import PlasticError
 
 SMALL = WorldConfig(seed=3, core_per_domain=8, unseen_per_domain=6, specialist_entities=8,
                     drills=4, longbench_per_length=1, longbench_words=(100, 200, 300))

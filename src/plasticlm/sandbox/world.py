@@ -1,7 +1,7 @@
 """The sandbox world: fictional entities in five domains, written in real dataset formats.
 
 Everything is drawn from one seed (:class:`WorldConfig`, ``version`` 2). Each domain (drugs,
-software libraries, artists, laws, towns; :mod:`plasticlm.data.world_domains`) has three
+software libraries, artists, laws, towns; :mod:`plasticlm.sandbox.domains`) has three
 closed attributes, one open attribute (a person's name), six paraphrases per closed
 attribute and a question per attribute; two relations cross domains (an artist's
 birthplace is a town, a law's and a town's country come from one set). Entities are ranked
@@ -16,7 +16,7 @@ scored apart. Entity roles:
   (FedRefine); their questions are in ``specialist_mmlu/`` with the same dev/val/test rule.
 - ``unseen``: never in any corpus; SQuAD-style passages with one QA pair per attribute
   (SCoL), LongBench-style long contexts, open-book items and per-domain client streams
-  (FedNL; :mod:`plasticlm.data.world_tasks`).
+  (FedNL; :mod:`plasticlm.sandbox.tasks`).
 
 Q/A lines and questions use the one template of :mod:`plasticlm.eval.prompts`.
 """
@@ -36,7 +36,9 @@ from plasticlm.data.niah import NIAHConfig, make_sample
 from plasticlm.data.records import QA, Answer, LongItem, MCQuestion, Passage, Stream
 from plasticlm.data.squad import write_squad
 from plasticlm.data.streams import write_streams
-from plasticlm.data.world_domains import (
+from plasticlm.errors import PlasticError
+from plasticlm.eval.prompts import qa_line, qa_prompt
+from plasticlm.sandbox.domains import (
     DOMAIN_NAMES,
     KINDS,
     Attribute,
@@ -45,8 +47,6 @@ from plasticlm.data.world_domains import (
     person_name,
     unique_names,
 )
-from plasticlm.errors import PlasticError
-from plasticlm.eval.prompts import qa_line, qa_prompt
 
 WORLD_VERSION = 2
 
