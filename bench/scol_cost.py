@@ -32,8 +32,8 @@ def main() -> None:
 
     from plasticlm.data.squad import load_squad
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
-    from plasticlm.scol.experiment import ExperimentConfig, load_model, resolve_world_file
     from plasticlm.scol.meta import consolidate_stream
+    from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
 
     cfg = ExperimentConfig(model=args.model, squad=args.squad, threads=args.threads)
     cfg.scol.k = args.k

@@ -24,11 +24,11 @@ from plasticlm.scol.consolidate import (
     layer_change,
 )
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
-from plasticlm.scol.experiment import METHODS
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
 from plasticlm.scol.meta import SCoLConfig, consolidate_stream, ipo_update, meta_train
 from plasticlm.scol.rewards import intrinsic_reward, supervised_reward
+from plasticlm.scol.setup import METHODS
 
 FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
          ("Quinomab", "gout", "Munder Bio"), ("Lorepril", "eczema", "Pyrrha Labs"),
@@ -308,7 +308,8 @@ def test_longbench_streams_contain_their_evidence_chunk():
 def test_retention_never_counts_the_last_context():
     """Retention is the last row over every context but the last (just committed): a model
     that only knows its newest context retains nothing."""
-    from plasticlm.scol.experiment import AccuracyMatrix, summarise_seeds
+    from plasticlm.scol.matrix import AccuracyMatrix
+    from plasticlm.scol.report import summarise_seeds
 
     mat = AccuracyMatrix([])
     mat.em = mat.f1 = [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]
@@ -327,7 +328,7 @@ def test_sandbox_questions_carry_their_legal_answer_sets():
     """Every closed-attribute question of the quick world's SQuAD passages gets the legal
     set its gold answer is in, so the legal-answer rate measures well-formedness."""
     from plasticlm.data.squad import load_squad
-    from plasticlm.scol.experiment import legal_sets, quick_config, resolve_world_file
+    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
 
     cfg = quick_config()
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
@@ -392,7 +393,7 @@ def test_sandbox_questions_have_an_entity_swapped_twin():
     from plasticlm.data.squad import load_squad
     from plasticlm.sandbox import sandbox_world
     from plasticlm.sandbox.world import read_world_index
-    from plasticlm.scol.experiment import quick_config, resolve_world_file, swap_names
+    from plasticlm.scol.setup import quick_config, resolve_world_file, swap_names
 
     cfg = quick_config()
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),

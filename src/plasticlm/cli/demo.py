@@ -116,7 +116,8 @@ def _refine(run, preset: str, quick: bool) -> None:
 
 
 def _scol(run, preset: str, quick: bool) -> None:
-    from plasticlm.scol.experiment import ExperimentConfig, quick_config, run_squad
+    from plasticlm.scol.experiment import run_squad
+    from plasticlm.scol.setup import ExperimentConfig, quick_config
 
     print("== 6. SCoL: a stream of passages consolidated into the weights ==")
     cfg = quick_config() if quick else ExperimentConfig(train_streams=2, stream_length=4,

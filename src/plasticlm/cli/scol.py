@@ -58,7 +58,7 @@ def _config(args):
     """ExperimentConfig: defaults (or the --quick sizes), then --config, then --set."""
     from plasticlm.config import from_dict, parse_value, read_config_file, to_dict
     from plasticlm.errors import PlasticError
-    from plasticlm.scol.experiment import ExperimentConfig, quick_config
+    from plasticlm.scol.setup import ExperimentConfig, quick_config
 
     data = to_dict(quick_config() if args.quick else ExperimentConfig())
     if args.config:
@@ -99,8 +99,8 @@ def _train(args) -> int:
 
     from plasticlm.data.squad import load_squad
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
-    from plasticlm.scol.experiment import load_model, resolve_world_file
     from plasticlm.scol.meta import meta_train
+    from plasticlm.scol.setup import load_model, resolve_world_file
 
     cfg = _config(args)
     model, tok = load_model(cfg)
@@ -120,8 +120,9 @@ def _run(args) -> int:
     from plasticlm.models import load_causal_lm
     from plasticlm.scol.consolidate import float32_master
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
-    from plasticlm.scol.experiment import AccuracyMatrix, load_model, resolve_world_file
+    from plasticlm.scol.matrix import AccuracyMatrix
     from plasticlm.scol.meta import consolidate_stream
+    from plasticlm.scol.setup import load_model, resolve_world_file
 
     cfg = _config(args)
     _, tok = load_model(cfg)
@@ -147,7 +148,9 @@ def _run(args) -> int:
 def _experiment(args) -> int:
     from pathlib import Path
 
-    from plasticlm.scol.experiment import run_fisher, run_longbench, run_squad
+    from plasticlm.scol.experiment import run_squad
+    from plasticlm.scol.fisher import run_fisher
+    from plasticlm.scol.longbench import run_longbench
 
     cfg = _config(args)
     out = args.out or f"runs/scol-{args.which}"

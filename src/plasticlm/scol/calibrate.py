@@ -42,14 +42,9 @@ from plasticlm.scol.consolidate import (
     with_replay,
 )
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
-from plasticlm.scol.experiment import (
-    AccuracyMatrix,
-    legal_sets,
-    load_model,
-    replay_pool,
-    resolve_world_file,
-)
+from plasticlm.scol.matrix import AccuracyMatrix
 from plasticlm.scol.rewards import qa_accuracy
+from plasticlm.scol.setup import legal_sets, load_model, replay_pool, resolve_world_file
 
 MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
            "mlp": ("gate_proj", "up_proj", "down_proj"),

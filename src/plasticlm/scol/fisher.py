@@ -1,4 +1,5 @@
-"""Per-layer empirical Fisher of a context and how well selected layers recall its top.
+"""Per-layer empirical Fisher of a context, how well selected layers recall its top, and
+``plasticlm scol experiment fisher`` (the policy's selections against it).
 
 F_l = mean over examples (the context's sentences, batch size 1) of the sum over layer l's
 parameters of the squared gradient of the example's log-likelihood (anchors.md); with
@@ -8,14 +9,25 @@ different sizes compare per parameter.
 
 from __future__ import annotations
 
+import copy
+import json
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
+from plasticlm.data.squad import load_squad
 from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_with_bos
+from plasticlm.models import load_causal_lm
+from plasticlm.scol.consolidate import float32_master, num_layers_of
+from plasticlm.scol.contexts import contexts_from_passages, split_streams
+from plasticlm.scol.meta import action_stats, consolidate_stream
+from plasticlm.scol.report import PAPER, plot_fisher
+from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
@@ -85,3 +97,43 @@ def random_recall(size: int, top: set[int], num_layers: int, samples: int = 200,
     rng = random.Random(seed)
     sampled = sum(recall(rng.sample(range(num_layers), size), top) for _ in range(samples))
     return size / num_layers, sampled / samples
+
+
+def run_fisher(cfg: ExperimentConfig, out: str | Path, policy_path: str | None = None,
+               progress: bool = True) -> dict:
+    """Recall of the policy's greedy selections among each context's top-Fisher layers vs
+    random selections of the same size (one stream, drifting by greedy commits)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base, tok = load_model(cfg)
+    policy = float32_master(load_causal_lm(policy_path)[0]) if policy_path else base
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
+    _, stream = split_streams(contexts, 0, 0, cfg.eval_length, cfg.seed)
+    n_layers = num_layers_of(policy)
+    rows = []
+
+    fisher_by_t: dict[int, list[float]] = {}
+
+    def before_commit_fisher(t: int, model) -> None:
+        if t + 1 < len(stream):
+            fisher_by_t[t + 1] = layer_fisher(model, tok, stream[t + 1].text)
+
+    fisher_by_t[0] = layer_fisher(policy, tok, stream[0].text)
+    _, records, _ = consolidate_stream(copy.deepcopy(policy), tok, stream, copy.deepcopy(cfg.scol),
+                                       "greedy", on_commit=before_commit_fisher, desc="fisher")
+    for r in records:
+        f = fisher_by_t[r.index]
+        top = top_layers(f, cfg.fisher_top or len(r.layers))
+        exp_rand, samp_rand = random_recall(len(r.layers), top, n_layers, seed=cfg.seed + r.index)
+        rows.append({"context": r.context_id, "fisher": f, "top": sorted(top),
+                     "selected": list(r.layers), "recall": recall(r.layers, top),
+                     "random_expected": exp_rand, "random_sampled": samp_rand})
+    report = {"config": asdict(cfg), "paper": PAPER["fisher_recall"], "rows": rows,
+              "recall_selected": sum(x["recall"] for x in rows) / len(rows),
+              "recall_random": sum(x["random_expected"] for x in rows) / len(rows),
+              "layer_histogram": action_stats(records, n_layers)["layer_histogram"],
+              "mean_fisher": [sum(x["fisher"][i] for x in rows) / len(rows)
+                              for i in range(n_layers)]}
+    (out / "fisher.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot_fisher(report, out)
+    return report

@@ -1,0 +1,69 @@
+"""The lower-triangular accuracy matrix of a consolidated stream (row r: closed-book accuracy
+on contexts 0..r after r+1 commits, as SEAL reports it), with its controls: the share of
+legal answers and the entity-swapped questions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plasticlm.eval import is_legal, squad_score
+from plasticlm.scol.contexts import Context
+from plasticlm.scol.rewards import Question, qa_answers
+
+
+class AccuracyMatrix:
+    """Lower-triangular closed-book QA scores: ``em[r][i]``, ``f1[r][i]`` for i <= r."""
+
+    def __init__(self, contexts: Sequence[Context]):
+        self.contexts = list(contexts)
+        self.em: list[list[float]] = []
+        self.f1: list[list[float]] = []
+        self.legal: list[float | None] = []   # per row: share of closed-set answers legal
+        # the entity-swap control: EM of the same questions about an unseen entity, for the
+        # row's newest context (immediate) and, in the stream's last row, every context
+        self.swap_diag: list[float] = []
+        self.swap_last: list[float] = []
+
+    def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
+        qs, owner = [], []
+        for i, c in enumerate(self.contexts[: upto + 1]):
+            qs += c.questions
+            owner += [i] * len(c.questions)
+        preds = qa_answers(model, tokenizer, qs, prefix)
+        scores = [squad_score(p, list(q.answers)) for p, q in zip(preds, qs)]
+        closed = [(p, q.legal) for p, q in zip(preds, qs) if q.legal]
+        self.legal.append(sum(is_legal(p, v) for p, v in closed) / len(closed)
+                          if closed else None)
+        last = upto == len(self.contexts) - 1
+        swapped = [(i, q) for i, q in zip(owner, qs) if q.swapped and (last or i == upto)]
+        if swapped:
+            swap_preds = qa_answers(model, tokenizer, [Question(q.swapped, q.answers)
+                                                       for _, q in swapped], prefix)
+            em = [(i, squad_score(p, list(q.answers))[0])
+                  for (i, q), p in zip(swapped, swap_preds)]
+
+            def mean_of(j: int) -> float:
+                xs = [e for i, e in em if i == j]
+                return sum(xs) / max(1, len(xs))
+            self.swap_diag.append(mean_of(upto))
+            if last:
+                self.swap_last = [mean_of(j) for j in range(upto + 1)]
+        em_row, f1_row = [], []
+        for i in range(upto + 1):
+            mine = [s for s, o in zip(scores, owner) if o == i]
+            em_row.append(sum(s[0] for s in mine) / max(1, len(mine)))
+            f1_row.append(sum(s[1] for s in mine) / max(1, len(mine)))
+        self.em.append(em_row)
+        self.f1.append(f1_row)
+
+    def summary(self) -> dict:
+        def stats(m: list[list[float]]) -> dict:
+            diag = [row[i] for i, row in enumerate(m) if i < len(row)]
+            last = m[-1] if m else []
+            return {"immediate": sum(diag) / len(diag) if diag else None,
+                    "retention": (sum(last[:-1]) / (len(last) - 1)) if len(last) > 1 else None,
+                    "final_all": sum(last) / len(last) if last else None}
+        return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
+                "matrix_f1": self.f1, "legal": self.legal,
+                "legal_final": self.legal[-1] if self.legal else None,
+                "swap_diag": self.swap_diag, "swap_last": self.swap_last}

@@ -1,0 +1,225 @@
+"""SCoL's tables, plots and the paper's numbers: one seed's table, the seed-pooled table with
+its controls, the accuracy matrices, the layer histogram and the Fisher plot."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci  # noqa: E402
+
+# What each method is, as the tables name it (batch TTT trains once on the whole stream:
+# its "immediate" is its final accuracy).
+LABELS = {"scol": "SCoL (meta-trained policy, greedy)",
+          "untrained_policy": "untrained policy, greedy",
+          "fixed_last": "fixed: last layer", "fixed_best": "fixed: best single layer (train)",
+          "scol_random": "random layers (same sizes)", "scol_lambda0": "SCoL lambda = 0",
+          "sequential_ft": "sequential fine-tuning (all layers)",
+          "batch_ttt": "batch test-time training (final)",
+          "prompting": "context in the prompt", "summarisation": "running notes in the prompt"}
+
+
+PAPER = {  # methods.md section 3 (Qwen-scale models, SQuAD, 100 passages; LLM-judge accuracy)
+    "scol": {"immediate": 0.3540, "retention": 0.2046},
+    "scol_lambda0": {"immediate": 0.3430, "retention": 0.1464},
+    "sequential_ft": {"retention": 0.0130},
+    "prompting": {"immediate": 0.2817},
+    "batch_ttt": {"immediate": 0.2652},
+    "fisher_recall": {"selected": 0.451, "random": 0.357},
+}
+
+
+def _cells(report: dict, name: str) -> tuple[list[float], list[float]]:
+    """(diagonal, last row but its last entry) of a method's EM matrix: the per-context
+    items of immediate and retention."""
+    m = report["methods"][name]["matrix_em"]
+    return [row[i] for i, row in enumerate(m)], m[-1][:-1]
+
+
+def summarise_seeds(reports: list[dict]) -> dict:
+    """Per method: immediate and retention EM with 95% intervals over seeds x contexts;
+    retention net of the untouched model (paired on the same contexts); and the paired
+    differences to the controls a learned policy must beat."""
+    methods = [m for m in reports[0]["methods"] if all(m in r["methods"] for r in reports)]
+    base = [r["base_matrix_em"][-1][:-1] for r in reports]
+    out = {}
+    for name in methods:
+        imm = [_cells(r, name)[0] for r in reports]
+        ret = [_cells(r, name)[1] for r in reports]
+        entry = {"immediate": asdict(pooled_bootstrap_ci(imm)),
+                 "retention": asdict(pooled_bootstrap_ci(ret)),
+                 "retention_minus_base": asdict(pooled_bootstrap_ci(ret, baseline_per_seed=base))}
+        for control in ("untrained_policy", "fixed_last", "sequential_ft"):
+            if control in methods and control != name:
+                c_imm = [_cells(r, control)[0] for r in reports]
+                c_ret = [_cells(r, control)[1] for r in reports]
+                entry[f"immediate_minus_{control}"] = asdict(
+                    pooled_bootstrap_ci(imm, baseline_per_seed=c_imm))
+                entry[f"retention_minus_{control}"] = asdict(
+                    pooled_bootstrap_ci(ret, baseline_per_seed=c_ret))
+        swap_imm = [r["methods"][name].get("swap_diag") or [] for r in reports]
+        swap_ret = [(r["methods"][name].get("swap_last") or [])[:-1] for r in reports]
+        if all(swap_imm) and all(len(x) == len(y) for x, y in zip(swap_imm, imm)):
+            entry["immediate_swapped"] = asdict(pooled_bootstrap_ci(swap_imm))
+            entry["immediate_minus_swapped"] = asdict(
+                pooled_bootstrap_ci(imm, baseline_per_seed=swap_imm))
+        if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
+            entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
+        legal = [r["methods"][name].get("legal_final") for r in reports]
+        base_legal = [r.get("base_legal") for r in reports]
+        if all(x is not None for x in legal + base_legal):
+            entry["legal_final"] = sum(legal) / len(legal)
+            entry["legal_untouched"] = sum(base_legal) / len(base_legal)
+        hist = [r["methods"][name].get("layer_histogram") for r in reports]
+        if all(h is not None for h in hist):
+            entry["layer_histogram"] = [sum(x) for x in zip(*hist)]
+        out[name] = entry
+    return out
+
+
+def seeds_markdown(report: dict) -> str:
+    """The seed-pooled table: every method beside the controls, then the paper."""
+    def ci(entry: dict, key: str) -> str:
+        return format_ci(CI(**entry[key]), scale=100) if key in entry else "-"
+
+    seeds = report["seeds"]
+    lines = [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); EM in %, mean [95% CI] over "
+             "seeds x evaluation contexts; differences paired on the same contexts.", "",
+             "| method | immediate | immediate, entity swapped | retention | retention, "
+             "entity swapped | retention - untouched model | retention - untrained policy | "
+             "retention - fixed last layer | immediate - sequential FT | legal answers after "
+             "the stream | paper imm. | paper ret. |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in report["summary"].items():
+        p = PAPER.get(name, {})
+        legal = (f"{100 * e['legal_final']:.0f}% (untouched {100 * e['legal_untouched']:.0f}%)"
+                 if "legal_final" in e else "-")
+        lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate')} | "
+                     f"{ci(e, 'immediate_swapped')} | {ci(e, 'retention')} | "
+                     f"{ci(e, 'retention_swapped')} | {ci(e, 'retention_minus_base')} | "
+                     f"{ci(e, 'retention_minus_untrained_policy')} | "
+                     f"{ci(e, 'retention_minus_fixed_last')} | "
+                     f"{ci(e, 'immediate_minus_sequential_ft')} | {legal} | "
+                     f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
+    lines += ["", "Entity swapped: the same questions about an unseen entity of the same kind; "
+              "what remains is what the template, the value set and recency give without "
+              "knowing the entity.", "The paper's numbers are on SQuAD with Qwen-scale models that answer part of "
+              "SQuAD closed-book before any update, so its retention includes prior knowledge; "
+              "sandbox entities are unseen, so here retention net of the untouched model is "
+              "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
+              "'immediate' is its final accuracy."]
+    held = report.get("held_out_pairs")
+    if held:
+        lines.append(f"- Held-out preference pairs (best-of-K on the evaluation streams, "
+                     f"n = {held['n']}): the meta-trained policy ranks "
+                     f"{100 * held['trained']:.1f}% right, the untrained one "
+                     f"{100 * held['untrained']:.1f}% (target > 60%).")
+    for name, e in report["summary"].items():
+        if "layer_histogram" in e:
+            lines.append(f"- {LABELS.get(name, name)}: layers chosen, summed over seeds "
+                         f"{e['layer_histogram']}")
+    return "\n".join(lines) + "\n"
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x]
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def squad_markdown(report: dict) -> str:
+    """The measured table next to the paper's numbers."""
+    lines = ["| method | immediate EM | retention EM | final EM (all) | immediate F1 | "
+             "retention F1 | paper immediate | paper retention |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, e in report["methods"].items():
+        p = PAPER.get(name, {})
+        lines.append(f"| {name} | {_pct(e['em']['immediate'])} | {_pct(e['em']['retention'])} "
+                     f"| {_pct(e['em']['final_all'])} | {_pct(e['f1']['immediate'])} | "
+                     f"{_pct(e['f1']['retention'])} | {_pct(p.get('immediate'))} | "
+                     f"{_pct(p.get('retention'))} |")
+    lines.append("")
+    lines.append(f"Closed-book EM of the untouched model on the evaluation stream: "
+                 f"{_pct(report['base_closed_book'])}. Layers: {report['num_layers']}.")
+    for name in ("scol", "scol_random", "scol_lambda0"):
+        if name in report["methods"] and "layer_histogram" in report["methods"][name]:
+            lines.append(f"{name} layer histogram: {report['methods'][name]['layer_histogram']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot_squad(report: dict, out: Path) -> None:
+    """``matrices.png`` (one EM matrix per method), ``summary.png`` (bars vs the paper) and
+    ``layers.png`` (histogram of selected layers)."""
+
+    methods = list(report["methods"])
+    fig, axes = plt.subplots(1, len(methods), figsize=(3 * len(methods), 3), squeeze=False)
+    for ax, name in zip(axes[0], methods):
+        m = report["methods"][name]["matrix_em"]
+        n = len(m)
+        grid = np.full((n, n), np.nan)
+        for r, row in enumerate(m):
+            grid[r, : len(row)] = row
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+        ax.set_title(name, fontsize=8)
+        ax.set_xlabel("context")
+        ax.set_ylabel("after commit")
+    fig.tight_layout()
+    fig.savefig(out / "matrices.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    x = np.arange(len(methods))
+    imm = [report["methods"][k]["em"]["immediate"] or 0 for k in methods]
+    ret = [report["methods"][k]["em"]["retention"] or 0 for k in methods]
+    pimm = [PAPER.get(k, {}).get("immediate", np.nan) for k in methods]
+    pret = [PAPER.get(k, {}).get("retention", np.nan) for k in methods]
+    ax.bar(x - 0.3, imm, 0.2, label="immediate (here)")
+    ax.bar(x - 0.1, ret, 0.2, label="retention (here)")
+    ax.bar(x + 0.1, pimm, 0.2, label="immediate (paper)", alpha=0.5)
+    ax.bar(x + 0.3, pret, 0.2, label="retention (paper)", alpha=0.5)
+    ax.set_xticks(x, methods, rotation=20, fontsize=8)
+    ax.set_ylabel("exact match")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "summary.png", dpi=100)
+    plt.close(fig)
+
+    hist = {k: v["layer_histogram"] for k, v in report["methods"].items()
+            if "layer_histogram" in v and k.startswith("scol")}
+    if hist:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        width = 0.8 / len(hist)
+        for j, (k, h) in enumerate(hist.items()):
+            ax.bar(np.arange(len(h)) + j * width, h, width, label=k)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("times selected")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "layers.png", dpi=100)
+        plt.close(fig)
+
+
+def plot_fisher(report: dict, out: Path) -> None:
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    n = len(report["mean_fisher"])
+    axes[0].bar(range(n), report["mean_fisher"])
+    axes[0].set_title("mean empirical Fisher per layer", fontsize=9)
+    axes[0].set_xlabel("layer")
+    axes[1].bar(range(n), report["layer_histogram"])
+    axes[1].set_title("policy selections per layer", fontsize=9)
+    axes[1].set_xlabel("layer")
+    fig.tight_layout()
+    fig.savefig(out / "fisher.png", dpi=100)
+    plt.close(fig)

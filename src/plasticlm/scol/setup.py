@@ -1,0 +1,125 @@
+"""What a SCoL experiment runs on: its config, the model, the world's files, the replay pool,
+and the sandbox world's controls (legal answer sets, entity-swapped questions)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plasticlm.data.corpus import load_text_corpus
+from plasticlm.eval import swap_entity
+from plasticlm.models import load_causal_lm
+from plasticlm.runs import set_threads
+from plasticlm.sandbox import sandbox_model, sandbox_world
+from plasticlm.sandbox.domains import KINDS, entity_name
+from plasticlm.sandbox.world import closed_value_sets, read_world_index
+from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
+from plasticlm.scol.meta import SCoLConfig
+
+METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
+           "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
+
+
+@dataclass
+class ExperimentConfig:
+    """Data, model and sizes of an experiment; ``scol`` holds the method's own settings."""
+
+    scol: SCoLConfig = field(default_factory=SCoLConfig)
+    model: str = ""                # HF folder; empty = the sandbox receiver of ``preset``
+    preset: str = "sandbox"
+    squad: str = ""                # SQuAD v1.1 file; empty = the preset world's unseen passages
+    longbench: str = ""            # LongBench v2 file; empty = the preset world's items
+    train_streams: int = 4
+    stream_length: int = 6
+    eval_length: int = 24
+    methods: tuple[str, ...] = METHODS
+    lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
+    prompt_tokens: int = 384       # in-context baselines' budget
+    fisher_top: int = 0            # size of the top-Fisher set; 0 = the selection's size
+    chunk_tokens: int = 192        # longbench chunk size
+    max_chunks: int = 12           # longbench: chunks per stream at most (short regime)
+    long_max_chunks: int = 24      # longbench: long regime
+    threads: int = 1               # torch threads; tiny models gain nothing from more
+    seed: int = 0
+    seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
+
+
+def quick_config() -> ExperimentConfig:
+    """Sizes for a smoke test (seconds to a minute on a tiny model); the sandbox's "quick"
+    preset unless a model and data are given."""
+    cfg = ExperimentConfig(preset="quick", train_streams=1, stream_length=2, eval_length=3,
+                           max_chunks=3, long_max_chunks=4, prompt_tokens=128, seeds=1)
+    cfg.scol.k = 2
+    cfg.scol.outer_steps = 1
+    cfg.scol.ipo_epochs = 1
+    cfg.scol.lora.steps = 2
+    return cfg
+
+
+def resolve_model(cfg: ExperimentConfig) -> Path:
+    if cfg.model:
+        return Path(cfg.model)
+    return sandbox_model("receiver", cfg.preset)
+
+
+def resolve_world_file(cfg: ExperimentConfig, kind: str) -> Path:
+    given = cfg.squad if kind == "squad" else cfg.longbench
+    if given:
+        return Path(given)
+    world = sandbox_world(cfg.preset)
+    return world / ("squad/unseen.json" if kind == "squad" else "longbench/items.json")
+
+
+def replay_pool(cfg: ExperimentConfig, tokenizer):
+    """Generic text the inner update may replay (``scol.lora.replay`` > 0): windows of the
+    sandbox world's corpus documents; None for real data or when replay is off."""
+    if cfg.scol.lora.replay <= 0 or cfg.squad:
+        return None
+    docs = load_text_corpus(sandbox_world(cfg.preset) / "corpus" / "train.txt")[:512]
+    return stack_windows([context_windows(tokenizer, d.text, cfg.scol.lora.max_tokens)
+                          for d in docs], pad_of(tokenizer))
+
+
+def legal_sets(cfg: ExperimentConfig):
+    """``question id -> legal values`` for the sandbox world's questions (ids are
+    ``domain.split.n.attribute``); None for a real SQuAD file (open answers)."""
+    if cfg.squad:
+        return None
+    sets = closed_value_sets(read_world_index(sandbox_world(cfg.preset)))
+
+    def legal(qid: str) -> tuple[str, ...]:
+        parts = qid.split(".")
+        return sets.get((parts[0], parts[-1]), ())
+    return legal
+
+
+def swap_names(cfg: ExperimentConfig):
+    """``(question_id, question, title) -> question`` about an unseen entity of the same
+    kind (the sandbox world's names are avoided; one name per title, by seed); None for a
+    real SQuAD file."""
+    if cfg.squad:
+        return None
+    index = read_world_index(sandbox_world(cfg.preset))
+    taken = {e["name"] for e in index["entities"]}
+    names: dict[str, str] = {}
+
+    def swap(qid: str, question: str, title: str) -> str:
+        if title not in names:
+            rng = random.Random(f"{cfg.seed}:{title}")
+            name = entity_name(KINDS[qid.split(".")[0]], rng)
+            while name in taken or name == title:
+                name = entity_name(KINDS[qid.split(".")[0]], rng)
+            names[title] = name
+        try:
+            return swap_entity(question, title, names[title])
+        except ValueError:   # the question does not name its passage's entity
+            return ""
+    return swap
+
+
+def load_model(cfg: ExperimentConfig):
+    """``(model in float32, tokenizer)`` of the experiment, with ``cfg.threads`` threads."""
+    set_threads(max(1, cfg.threads))
+    model, tok = load_causal_lm(resolve_model(cfg))
+    return float32_master(model), tok
