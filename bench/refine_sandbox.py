@@ -18,7 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from plasticlm.config import load_config  # noqa: E402
-from plasticlm.refine.experiment import ExperimentConfig, markdown_table, run_experiment  # noqa: E402
+from plasticlm.refine.experiment import ExperimentConfig, run_experiment  # noqa: E402
+from plasticlm.refine.report import markdown_table  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 import plasticlm.eval.multiple_choice as mc
 import plasticlm.fednl.task as fednl_task
-import plasticlm.scol.experiment as scol_experiment
+import plasticlm.scol.longbench as scol_longbench
 from plasticlm.data.mmlu import write_mmlu
 from plasticlm.data.records import MCQuestion
 from plasticlm.eval import MCConfig, choice_scores, qa_continuation, qa_line, qa_prompt
@@ -38,7 +38,7 @@ class Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = Recorder()
-    for module in (mc, scol_experiment):
+    for module in (mc,):
         monkeypatch.setattr(module, "encode_pair", rec.encode_pair)
         monkeypatch.setattr(module, "score_continuations", rec.score_continuations)
         monkeypatch.setattr(module, "pad_id_of", lambda tokenizer: 0)
@@ -75,7 +75,7 @@ def test_scol_asks_in_the_template(recorder):
     assert scol_qa_prompt(QUESTION) == qa_prompt(QUESTION)
     assert scol_qa_prompt(QUESTION, prefix="Notes.\n") == "Notes.\n" + qa_prompt(QUESTION)
     item = SimpleNamespace(question=QUESTION, choices=CHOICES, answer="A")
-    assert scol_experiment._mc_correct(None, None, item)
+    assert scol_longbench._mc_correct(None, None, item)
     assert recorder.pairs == expected_pairs()
 
 

@@ -78,7 +78,7 @@ def test_experiment_and_train_parse_overrides():
 
 
 def test_link_latency_model_by_hand():
-    from plasticlm.refine.experiment import crossover_mb_per_s, link_latency_ms
+    from plasticlm.refine.report import crossover_mb_per_s, link_latency_ms
 
     # 10 ms of compute, 20 ms round trip, 16 KB at 1 MB/s = 16 ms
     assert link_latency_ms(10.0, 16_000, 1.0, rtt_ms=20.0) == pytest.approx(46.0)

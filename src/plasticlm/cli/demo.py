@@ -102,7 +102,8 @@ def _federated(run, preset: str, quick: bool) -> None:
 
 
 def _refine(run, preset: str, quick: bool) -> None:
-    from plasticlm.refine.experiment import ExperimentConfig, markdown_table, run_experiment
+    from plasticlm.refine.experiment import ExperimentConfig, run_experiment
+    from plasticlm.refine.report import markdown_table
     from plasticlm.refine.train import FuserTrainConfig
 
     print("== 5. FedRefine: the specialist's KV cache fused into the receiver's ==")

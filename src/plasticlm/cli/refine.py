@@ -69,7 +69,8 @@ def _train_fuser(args) -> int:
     from pathlib import Path
 
     from plasticlm.config import load_config
-    from plasticlm.refine.experiment import ExperimentConfig, load_peer, load_questions
+    from plasticlm.refine.experiment import ExperimentConfig, load_questions
+    from plasticlm.refine.peer import load_peer
     from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
 
     cfg = load_config(FuserTrainConfig, args.config, args.overrides)
@@ -94,9 +95,9 @@ def _train_fuser(args) -> int:
 
 def _ask(args) -> int:
     from plasticlm.errors import PlasticError
-    from plasticlm.refine.experiment import load_peer
     from plasticlm.refine.fuser import Fuser
     from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+    from plasticlm.refine.peer import load_peer
 
     if len(args.transmitter) != len(args.fuser):
         raise PlasticError(f"{len(args.transmitter)} --transmitter but {len(args.fuser)} --fuser: "
@@ -147,7 +148,8 @@ def _experiment(args) -> int:
     if name not in ("modes", "transfer"):
         raise PlasticError(f"unknown refine experiment {name!r}; choose 'modes' or 'transfer'")
     if name == "transfer":
-        from plasticlm.refine.transfer import TransferConfig, run_transfer, transfer_table
+        from plasticlm.refine.report import transfer_table
+        from plasticlm.refine.transfer import TransferConfig, run_transfer
 
         cfg = load_config(TransferConfig, args.config,
                           (QUICK_TRANSFER if args.quick else []) + overrides)
@@ -155,7 +157,7 @@ def _experiment(args) -> int:
         return 0
     cfg = load_config(ExperimentConfig, args.config, overrides)
     report = run_experiment(cfg)
-    from plasticlm.refine.experiment import markdown_table
+    from plasticlm.refine.report import markdown_table
 
     print(markdown_table(report))
     return 0

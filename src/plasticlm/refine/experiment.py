@@ -19,18 +19,11 @@ from tqdm.auto import tqdm
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_prompt
 from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.modes import FedRefine, Link, Peer, RefineConfig
+from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
+from plasticlm.refine.report import PAPER, markdown_table, plot_report
 from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
-
-# The paper's numbers (FedRefine, methods.md section 2), set beside ours in the report.
-PAPER = {
-    "multi_all_vs_alone_pct": 21.2,
-    "private_vs_nonprivate_pct": -3.0,
-    "c2c_vs_t2t_pct": 15.0,
-    "cache_bytes_per_token": 88 * 1024,
-    "text_bytes_per_token": 16,
-}
 
 
 @dataclass
@@ -58,24 +51,6 @@ class ExperimentConfig:
     out: str = ""                     # run folder (default runs/refine-<time>)
     seed: int = 0
     progress: bool = True
-
-
-def resolve_model(spec: str) -> tuple[str, Path | str]:
-    """(display name, folder or hub id) of ``sandbox:NAME`` / ``quick:NAME`` (pre-trained
-    sandbox models) or a path / hub id."""
-    from plasticlm.sandbox import resolve_model_spec
-
-    name = spec.partition(":")[2]
-    resolved = resolve_model_spec(spec)
-    return (name, Path(resolved)) if resolved != spec else (Path(spec).name or spec, spec)
-
-
-def load_peer(spec: str) -> Peer:
-    from plasticlm.models import load_causal_lm
-
-    name, path = resolve_model(spec)
-    model, tok = load_causal_lm(path, dtype="float32")
-    return Peer(name, model, tok)
 
 
 def sandbox_world_of(model_spec: str) -> Path:
@@ -260,100 +235,3 @@ def _leakage(peer: Peer, prompts: list[str], fuser: Fuser) -> dict:
     layer = min(fuser.transmitter_layers_read)
     rephrased = [rephrase(p)[0] for p in prompts]
     return asdict(measure_leakage(peer.model, peer.tokenizer, prompts, rephrased, layer))
-
-
-LINK_MB_PER_S = (1.0, 10.0, 100.0)   # link speeds of the latency model
-LINK_RTT_MS = 20.0                     # one round trip per answer that uses the network
-
-
-def link_latency_ms(compute_ms: float, wire_bytes: float, mb_per_s: float,
-                    rtt_ms: float = LINK_RTT_MS) -> float:
-    """Latency of an answer over a link: compute + one round trip + bytes / bandwidth (a mode
-    that sends nothing pays no round trip)."""
-    if wire_bytes <= 0:
-        return compute_ms
-    return compute_ms + rtt_ms + 1000.0 * wire_bytes / (mb_per_s * 1e6)
-
-
-def crossover_mb_per_s(a: dict, b: dict) -> float | None:
-    """The bandwidth (MB/s) above which mode ``a`` (more bytes, less compute) answers faster
-    than mode ``b``; None when one is faster at every bandwidth. Each is a result entry with
-    ``latency_ms`` and ``wire_bytes``."""
-    extra_bytes = a["wire_bytes"] - b["wire_bytes"]
-    saved_ms = b["latency_ms"] - a["latency_ms"]
-    if extra_bytes <= 0 or saved_ms <= 0:
-        return None
-    return 1000.0 * extra_bytes / (saved_ms * 1e6)
-
-
-def markdown_table(report: dict) -> str:
-    """The mode table (accuracy, time to first token, latency with and without a link, bytes)
-    as Markdown."""
-    speeds = " | ".join(f"ms at {s:g} MB/s" for s in LINK_MB_PER_S)
-    lines = [f"| mode | accuracy | TTFT ms | latency ms (compute) | {speeds} | bytes on the wire |",
-             "|---|---|---|---|" + "---|" * len(LINK_MB_PER_S) + "---|"]
-    for label, e in report["results"].items():
-        acc = f"{100 * e['accuracy']:.1f}%"
-        if "partner_accuracy" in e:
-            acc += f" (partner {100 * e['partner_accuracy']:.1f}%)"
-        linked = " | ".join(f"{link_latency_ms(e['latency_ms'], e['wire_bytes'], s):.1f}"
-                            for s in LINK_MB_PER_S)
-        lines.append(f"| {label} | {acc} | {e['ttft_ms']:.1f} | {e['latency_ms']:.1f} | "
-                     f"{linked} | {e['wire_bytes']:.0f} |")
-    results = report["results"]
-    if "c2c" in results and "t2t" in results:
-        cross = crossover_mb_per_s(results["c2c"], results["t2t"])
-        lines += ["", f"Link model: compute + {LINK_RTT_MS:g} ms round trip + bytes / bandwidth. "
-                  + (f"C2C answers faster than T2T above {cross:.3f} MB/s."
-                     if cross is not None else
-                     "C2C vs T2T: one is faster at every bandwidth (see the columns).")]
-    ours, paper = report["ours_vs_paper"]["ours"], report["ours_vs_paper"]["paper"]
-    lines += ["", "| comparison | ours | paper |", "|---|---|---|",
-              f"| all transmitters vs alone | {ours['multi_all_vs_alone_pp']:+.1f} pp | "
-              f"+{paper['multi_all_vs_alone_pct']}% |",
-              f"| private vs non-private | {ours['private_vs_nonprivate_pp']:+.1f} pp | "
-              f"{paper['private_vs_nonprivate_pct']}% |",
-              f"| C2C vs T2T accuracy | {ours['c2c_vs_t2t_pp']:+.1f} pp | "
-              f"+{paper['c2c_vs_t2t_pct']}% |",
-              f"| C2C / T2T latency | {ours['c2c_vs_t2t_latency_ratio']:.2f}x | "
-              "much lower |"]
-    if "draft_only_c2c_vs_alone_pp" in ours:
-        lines.append(f"| C2C draft-only vs alone | {ours['draft_only_c2c_vs_alone_pp']:+.1f} pp "
-                     "| - |")
-    leak = report.get("leakage")
-    if leak:
-        lines += ["", f"Leakage (layer {leak['layer']} inversion, token recall of the original "
-                  f"prompt): raw {100 * leak['raw_recall']:.1f}%, rephrased "
-                  f"{100 * leak['rephrased_recall']:.1f}% (n={leak['n']})."]
-    sizes = report["fuser_sizes"]
-    lines += ["", "| fuser | parameters | / receiver |", "|---|---|---|"]
-    lines += [f"| {k} | {v['fuser_parameters']:,} | {100 * v['ratio_to_receiver']:.2f}% |"
-              for k, v in sizes.items()]
-    return "\n".join(lines) + "\n"
-
-
-def plot_report(report: dict, folder: Path) -> list[Path]:
-    """Bar charts of accuracy and latency per mode (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = list(report["results"])
-    paths = []
-    for key, title, scale, name in (("accuracy", "accuracy", 100, "accuracy.png"),
-                                    ("latency_ms", "latency per answer (ms)", 1, "latency.png"),
-                                    ("wire_bytes", "bytes on the wire per answer", 1,
-                                     "bytes.png")):
-        fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.2))
-        ax.barh(labels, [scale * report["results"][k][key] for k in labels])
-        ax.invert_yaxis()
-        ax.set_xlabel(title)
-        if key == "wire_bytes":
-            ax.set_xscale("symlog")
-        fig.tight_layout()
-        path = folder / name
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths

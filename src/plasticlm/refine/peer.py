@@ -1,15 +1,18 @@
-"""What modes and fuser training share: a device's model (:class:`Peer`), how a prompt and
-an answer become its token ids, and the transmitter's own draft."""
+"""What modes, experiments and fuser training share: a device's model (:class:`Peer`) and how
+it is loaded, how a prompt and an answer become its token ids, and the transmitter's draft."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_with_bos
+from plasticlm.models import load_causal_lm
 from plasticlm.refine.cache import KVLayout, kv_layout
+from plasticlm.sandbox import resolve_model_spec
 
 
 @dataclass
@@ -65,3 +68,18 @@ def transmitter_ids(peer: Peer, text: str, draft_tokens: int = 0) -> list[int]:
     new = out[0, len(ids):].tolist()
     eos = peer.tokenizer.eos_token_id
     return ids + (new[: new.index(eos)] if eos in new else new)
+
+
+def resolve_model(spec: str) -> tuple[str, Path | str]:
+    """(display name, folder or hub id) of ``sandbox:NAME`` / ``quick:NAME`` (pre-trained
+    sandbox models) or a path / hub id."""
+    name = spec.partition(":")[2]
+    resolved = resolve_model_spec(spec)
+    return (name, Path(resolved)) if resolved != spec else (Path(spec).name or spec, spec)
+
+
+def load_peer(spec: str) -> Peer:
+    """The :class:`Peer` of a model spec (``sandbox:NAME``, a folder or a hub id), float32."""
+    name, path = resolve_model(spec)
+    model, tok = load_causal_lm(path, dtype="float32")
+    return Peer(name, model, tok)

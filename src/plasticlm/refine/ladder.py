@@ -1,0 +1,200 @@
+"""The state of one transfer run (``plasticlm refine experiment transfer``): its config, the
+peers and held-out questions, the per-item scores kept in ``scores.json`` (so a rerun with the
+same settings only runs what is missing), and the helpers every row uses to train fusers
+over seeds and score them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from plasticlm.data.corpus import load_text_corpus
+from plasticlm.errors import PlasticError
+from plasticlm.eval import qa_continuation, qa_prompt
+from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbox_world_of
+from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.peer import Peer, load_peer
+from plasticlm.refine.probe import ProbeItem, probe_table
+from plasticlm.refine.train import Example, FuserTrainConfig, prepare_examples, train_fusers
+from plasticlm.runs import RunDir
+
+ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",
+        "private", "multi", "co_c2c")
+
+
+@dataclass
+class TransferConfig:
+    """Sizes of the transfer experiment (loadable from TOML/YAML, key=value overrides)."""
+
+    receiver: str = "sandbox:receiver"
+    specialist: str = "sandbox:specialist"
+    control: str = "sandbox:transmitter-llama"   # same shape as the specialist, no private fact
+    general_examples: int = 2000
+    fuser: FuserTrainConfig = field(default_factory=FuserTrainConfig)
+    task_epochs: int = 4
+    seeds: int = 3
+    max_eval: int = 0             # 0 = the whole test split
+    max_task: int = 0             # 0 = every correctly answered dev/val question
+    t2t_max_new_tokens: int = 8
+    draft_tokens: int = 3         # draft-only: tokens the transmitter drafts and shares
+    teach_steps: int = 500        # fact drills that make the oracle and the parties
+    teach_lr: float = 1e-3
+    teach_replay: int = 4         # blocks of the world's general corpus replayed per step
+    inversion_texts: int = 400    # public texts the inversion attacker trains on
+    # multi: one transmitter per entry, each taught a disjoint part of the entities
+    parties: tuple[str, ...] = ("sandbox:transmitter-llama", "sandbox:transmitter-qwen2",
+                                "sandbox:receiver")
+    rows: tuple[str, ...] = ROWS  # which rows run (the receiver alone always does)
+    out: str = "runs/refine-transfer"
+    progress: bool = True
+
+    def __post_init__(self):
+        unknown = set(self.rows) - set(ROWS)
+        if unknown:
+            raise PlasticError(f"unknown transfer rows {sorted(unknown)}; choose from {ROWS}")
+
+
+def settings_key(cfg: TransferConfig) -> str:
+    """The settings a stored score depends on (``rows``, ``seeds``, ``out`` and ``progress``
+    aside: more seeds or rows extend a run)."""
+    kept = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("rows", "seeds", "out", "progress")}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def entity_of(question: str) -> str:
+    """The entity a templated question is about: its first capitalised word after the first."""
+    words = re.findall(r"\b[A-Z][\w'-]*", question)
+    return words[1] if len(words) > 1 else question
+
+
+def score_items(fr: FedRefine, items: list[ProbeItem], mode: str, progress: bool, label: str,
+                n: int | None = 1) -> list[float]:
+    """Per item, 1.0 when ``fr`` in ``mode`` picks the right choice."""
+    return [float(fr.score(it.prompt, list(it.choices), mode, n).choice == it.answer)
+            for it in tqdm(items, desc=label, disable=not progress, leave=False)]
+
+
+def score_both(fr: FedRefine, items: list[ProbeItem], progress: bool, label: str
+               ) -> tuple[list[float], list[float]]:
+    """Co-C2C: (the receiver's, the partner's) correctness per item."""
+    ours, theirs = [], []
+    for it in tqdm(items, desc=label, disable=not progress, leave=False):
+        s = fr.score(it.prompt, list(it.choices), "co-c2c")
+        ours.append(float(s.choice == it.answer))
+        theirs.append(float(s.partner_choice == it.answer))
+    return ours, theirs
+
+
+class Ladder:
+    """One transfer run: peers, questions (``train_items`` from dev/val, ``test_items`` on
+    held-out entities, ``groups`` their entities), stored ``scores`` per row label (one list
+    of per-item scores per seed) and ``extra`` results (probes, training curves, gates)."""
+
+    def __init__(self, cfg: TransferConfig):
+        self.cfg = cfg
+        self.started = time.time()
+        self.run = RunDir(Path(cfg.out))
+        self.run.write_json("config.json", cfg)
+        self.receiver, self.specialist, self.control = (
+            load_peer(s) for s in (cfg.receiver, cfg.specialist, cfg.control))
+        self.train_q, self.test_q, _ = load_questions(ExperimentConfig(
+            receiver=cfg.receiver, train_splits=("dev", "val"), eval_splits=("test",),
+            max_eval=cfg.max_eval))
+        self.train_items = [ProbeItem(qa_prompt(q.question), tuple(q.choices), q.answer_index)
+                            for q in self.train_q]
+        self.test_items = [ProbeItem(qa_prompt(q.question), tuple(q.choices), q.answer_index)
+                           for q in self.test_q]
+        self.groups = [entity_of(q.question) for q in self.test_q]
+        overlap = {entity_of(q.question) for q in self.train_q} & set(self.groups)
+        if overlap:
+            raise PlasticError(f"test entities also appear in training: {sorted(overlap)[:3]}")
+        self.corpus = [d.text for d in load_text_corpus(
+            sandbox_world_of(cfg.receiver) / "corpus" / "train.txt")]
+        self.store = self.run.path / "scores.json"
+        self.key = settings_key(cfg)
+        saved = json.loads(self.store.read_text()) if self.store.exists() else {}
+        same = saved.get("settings") == self.key
+        self.scores: dict[str, list[list[float]]] = saved.get("scores", {}) if same else {}
+        self.extra: dict = saved.get("extra", {}) if same else {}
+        self.training = self.extra.setdefault("training", {})
+        self.gates = self.extra.setdefault("gates_on", {})
+        self._prepared: dict[str, list] = {}   # frozen models: one set of caches for all seeds
+
+    def keep(self) -> None:
+        """Write the scores so far (a killed run resumes from here)."""
+        self.store.write_text(json.dumps({"settings": self.key, "scores": self.scores,
+                                          "extra": self.extra}) + "\n")
+
+    def probe_pair(self, key: str, knows: Peer, blank: Peer) -> None:
+        """Linear probes of ``knows``'s and ``blank``'s prompt caches, stored once."""
+        if key not in self.extra:
+            a, b = (probe_table(peer, self.train_items, self.test_items)
+                    for peer in (knows, blank))
+            self.extra[key] = {f"{k[0]}|{k[1]}": [a[k], b[k]] for k in sorted(a)}
+            self.keep()
+
+    def once(self, label: str, fr: FedRefine, mode: str) -> None:
+        """A row without trained parts: scored once, whatever the seeds."""
+        if label not in self.scores:
+            self.scores[label] = [score_items(fr, self.test_items, mode, self.cfg.progress,
+                                              label)]
+            self.keep()
+
+    def knows(self, peer: Peer, label: str) -> list[Example]:
+        """Task examples: the dev/val questions ``peer`` answers correctly alone."""
+        right = score_items(FedRefine(peer), self.train_items, "alone", self.cfg.progress, label)
+        return [Example(it.prompt, qa_continuation(it.choices[it.answer]))
+                for it, ok in zip(self.train_items, right) if ok][: self.cfg.max_task or None]
+
+    def fit(self, key: str, receiver: Peer, peers: list[Peer], examples: list[Example],
+            fcfg: FuserTrainConfig, seed: int):
+        """Fusers from each of ``peers`` into ``receiver``, trained together with ``seed``;
+        the frozen models' caches are prepared once per ``key``."""
+        if key not in self._prepared:
+            self._prepared[key] = [prepare_examples(receiver, p, examples, fcfg,
+                                                    self.cfg.progress) for p in peers]
+        return train_fusers(receiver, peers, examples, dataclasses.replace(fcfg, seed=seed),
+                            progress=self.cfg.progress, prepared=self._prepared[key])
+
+    def seeded(self, labels: list[str],
+               run_seed: Callable[[int], tuple[dict, list[float], object]]) -> None:
+        """Run ``run_seed(seed) -> ({label: scores}, losses, gates)`` for each missing seed."""
+        for label in labels:
+            for store in (self.scores, self.training, self.gates):
+                store.setdefault(label, [])
+        for seed in range(min(len(self.scores[label]) for label in labels), self.cfg.seeds):
+            t0 = time.time()
+            got, losses, gate = run_seed(seed)
+            k = max(1, len(losses) // 10)
+            info = {"seconds": round(time.time() - t0, 1), "steps": len(losses),
+                    "first_loss": round(sum(losses[:k]) / k, 4),
+                    "last_loss": round(sum(losses[-k:]) / k, 4)}
+            for label in labels:
+                self.scores[label] = self.scores[label][:seed] + [got[label]]
+                self.training[label] = self.training[label][:seed] + [info]
+                self.gates[label] = self.gates[label][:seed] + [gate]
+            self.keep()
+            for label in labels:
+                acc = sum(got[label]) / len(self.test_items)
+                self.run.log(row=label, seed=seed, accuracy=acc, **info)
+                if self.cfg.progress:
+                    print(f"[transfer] {label} seed {seed}: {100 * acc:.1f}%", flush=True)
+        self._prepared.clear()
+
+    def single(self, label: str, peer: Peer, examples: list[Example], fcfg: FuserTrainConfig,
+               refine: RefineConfig | None = None) -> None:
+        """A one-transmitter C2C row: a fuser from ``peer`` into the receiver per seed."""
+        def run_seed(seed: int):
+            fusers, losses = self.fit(label, self.receiver, [peer], examples, fcfg, seed)
+            fr = FedRefine(self.receiver, [Link(peer, fusers[0])], refine)
+            return ({label: score_items(fr, self.test_items, "c2c", self.cfg.progress, label)},
+                    losses, fusers[0].gates_on())
+        self.seeded([label], run_seed)
