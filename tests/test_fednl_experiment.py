@@ -140,7 +140,7 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
 @pytest.fixture(scope="module")
 def quick_experiment(tmp_path_factory):
     from plasticlm.config import load_config
-    from plasticlm.fednl.experiment import ExperimentConfig
+    from plasticlm.fednl.variants import ExperimentConfig
 
     out = tmp_path_factory.mktemp("fx")
 
@@ -155,7 +155,8 @@ def quick_experiment(tmp_path_factory):
 def test_openbook_experiment_runs_every_variant_on_flower_and_resumes(quick_experiment,
                                                                        monkeypatch):
     from plasticlm.fednl import run as fed_run
-    from plasticlm.fednl.experiment import run_experiment, variants
+    from plasticlm.fednl.experiment import run_experiment
+    from plasticlm.fednl.variants import variants
 
     cfg = quick_experiment("openbook")
     results = run_experiment(cfg, progress=False)
@@ -175,7 +176,7 @@ def test_openbook_experiment_runs_every_variant_on_flower_and_resumes(quick_expe
                         lambda *a, **k: pytest.fail("a finished run was run again"))
     assert run_experiment(cfg, progress=False)["runs"] == results["runs"]
     # a finished run whose saved config predates a field (here: memory_decay) is reused too
-    from plasticlm.fednl.experiment import federated_config, trained_model
+    from plasticlm.fednl.variants import federated_config, trained_model
 
     fednl = next(v for v in variants(cfg) if v.label == "fednl")
     fcfg = federated_config(cfg, fednl, 0, folder)

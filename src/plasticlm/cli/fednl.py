@@ -109,7 +109,8 @@ def _compare(args) -> int:
 
 def _experiment(args) -> int:
     from plasticlm.config import load_config
-    from plasticlm.fednl.experiment import ExperimentConfig, run_experiment, table_of_finished
+    from plasticlm.fednl.experiment import run_experiment, table_of_finished
+    from plasticlm.fednl.variants import ExperimentConfig
 
     names = EXPERIMENT_NAMES if args.name == "all" else (args.name,)
     for name in names:

@@ -1,0 +1,117 @@
+"""The rows of FedNL's experiments: which method at which attention window (or which control),
+the experiment's sizes, and the Flower run that trains each row's theta."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from plasticlm.errors import PlasticError
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.methods import MethodConfig, set_theta
+from plasticlm.fednl.run import run_federated
+from plasticlm.fednl.setup import build_model
+
+EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row: a method at an attention window (0 = full), or a control."""
+
+    label: str
+    method: str
+    window: int
+    recurrent: bool = True
+    trained: bool = True
+    decay: bool = False           # fednl: the gated delta rule
+
+    @property
+    def key(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in self.label).strip("-")
+
+
+@dataclass
+class ExperimentConfig:
+    """Sizes of ``plasticlm fednl experiment`` (loadable from TOML/YAML, ``--set`` overrides)."""
+
+    experiment: str = "niah"
+    seeds: int = 3
+    window: int = 16              # beyond-window experiments: W in tokens
+    rounds: int = 3
+    local_steps: int = 12
+    batch_size: int = 8
+    max_train: int = 48           # per client
+    max_test: int = 48            # per client
+    niah_length: int = 160        # tokens per NIAH sample (10 W; multikey needs >= 160)
+    lr: float = 2e-3
+    model: str = "sandbox:receiver"
+    data: str = "sandbox"
+    out: str = "runs/fednl-experiments"
+    memory_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
+    bucket_tokens: int = 256      # stream: CE bucket
+    stream_from: str = "openbook" # stream: whose runs' thetas read the streams (openbook | niah)
+
+    def __post_init__(self):
+        if self.experiment not in EXPERIMENTS:
+            raise PlasticError(f"unknown experiment {self.experiment!r}; choose one of "
+                               f"{', '.join(EXPERIMENTS)} (or 'all')")
+        if self.stream_from not in ("openbook", "niah"):
+            raise PlasticError(f"stream_from must be 'openbook' or 'niah', not "
+                               f"{self.stream_from!r}")
+        if self.seeds < 1 or self.rounds < 1 or self.window < 1:
+            raise PlasticError("seeds, rounds and window must be >= 1")
+
+
+def variants(cfg: ExperimentConfig) -> list[Variant]:
+    w = cfg.window
+    if cfg.experiment == "mmlu":
+        w = 64  # every item fits: a closed-book test of the method, not of the window
+        return [Variant("fednl", "fednl", w), Variant("fedavg LoRA, window", "fedavg", w),
+                Variant("fedprox", "fedprox", w), Variant("fedssi", "fedssi", w),
+                Variant("fedala", "fedala", w),
+                Variant("untrained", "fedavg", w, trained=False)]
+    return [Variant("fednl", "fednl", w),
+            Variant("fednl, decay", "fednl", w, decay=True),
+            Variant("fednl, recurrence removed", "fednl", w, recurrent=False),
+            Variant("fedavg LoRA, window", "fedavg", w),
+            Variant("fedavg LoRA, full attention", "fedavg", 0),
+            Variant("untrained, window", "fedavg", w, trained=False)]
+
+
+def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -> FedNLConfig:
+    # memory and comm need no client data to train on; they measure the mmlu clients' model
+    split = {"niah": "niah", "openbook": "openbook"}.get(cfg.experiment, "domain")
+    method = MethodConfig(name=v.method, window=v.window, memory_recurrent=v.recurrent,
+                          memory_decay=v.decay,
+                          local_steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr)
+    return FedNLConfig(name=f"{v.key}-s{seed}", model=cfg.model, data=cfg.data, split=split,
+                       max_train=cfg.max_train, max_test=cfg.max_test,
+                       niah_length=cfg.niah_length, rounds=cfg.rounds, seed=seed,
+                       min_clients=1, local_eval="last", out=str(root), method=method)
+
+
+def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
+    """(model with the final global theta of ``fcfg``'s Flower run, tokenizer, summary); the
+    run is reused when its folder holds a finished run of the same config."""
+    model, tok = build_model(fcfg)
+    if not trained:
+        return model, tok, None
+    run_dir = Path(fcfg.out) / fcfg.name
+    # the saved config is read back through the dataclass, so a run written before a field
+    # existed matches when the new field holds its default
+    done = (run_dir / "summary.json").exists() and (run_dir / "config.json").exists() and \
+        FedNLConfig.from_json((run_dir / "config.json").read_text()).to_json() == fcfg.to_json()
+    if not done:
+        if progress:
+            print(f"[fednl experiment] {fcfg.name}: {fcfg.rounds} rounds on Flower", flush=True)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_federated(fcfg)
+    theta = load_file(str(sorted(run_dir.glob("round_*/theta.safetensors"))[-1]))
+    set_theta(model, theta)
+    return model, tok, json.loads((run_dir / "summary.json").read_text())
