@@ -116,10 +116,11 @@ def train(model, tok, items, steps: int, batch: int, seed: int) -> list[float]:
     import torch
 
     from plasticlm.eval import encode_pair, qa_continuation
-    from plasticlm.fednl.methods import MethodConfig, answer_loss, param_groups
+    from plasticlm.fednl.methods import MethodConfig
+    from plasticlm.fednl.objective import answer_loss, param_groups
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(param_groups(params, MethodConfig()), lr=MethodConfig.lr,
+    opt = torch.optim.AdamW(param_groups(params, MethodConfig().gate_lr), lr=MethodConfig.lr,
                             weight_decay=0.0)
     pairs = [encode_pair(tok, it.prompt, qa_continuation(it.choices[it.answer])) for it in items]
     rng, losses = random.Random(seed), []

@@ -88,7 +88,8 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
     """A frozen tiny base pre-trained on associative recall with full attention loses it at
     a 4-token window; training theta alone (memory LoRA, beta, gate) brings recall back
     well above the windowed base, and the same theta with its recurrence removed does not."""
-    from plasticlm.fednl.methods import answer_loss, param_groups, trainable
+    from plasticlm.fednl.objective import answer_loss, param_groups
+    from plasticlm.fednl.theta import trainable
     from plasticlm.memory.mqar import mqar_accuracy, mqar_batch
 
     vocab, seq, kv = 32, 24, 3
@@ -125,7 +126,7 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
                            memory_recurrent=bool(recurrent), lr=1e-2)
         model = prepare_model(model, cfg).eval()
         if recurrent is not None:  # None: the windowed frozen base, untouched
-            train(model, param_groups(trainable(model), cfg), 200, lr=cfg.lr, seed=1)
+            train(model, param_groups(trainable(model), cfg.gate_lr), 200, lr=cfg.lr, seed=1)
         return accuracy(model)
 
     full = accuracy(base)

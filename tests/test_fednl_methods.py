@@ -7,16 +7,10 @@ from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_line
 from plasticlm.fednl.aggregate import reply_problem, weighted_mean
-from plasticlm.fednl.methods import (
-    METHODS,
-    MethodConfig,
-    get_theta,
-    local_update,
-    prepare_model,
-    set_theta,
-    trainable,
-)
+from plasticlm.fednl.local import local_update
+from plasticlm.fednl.methods import METHODS, MethodConfig, prepare_model
 from plasticlm.fednl.task import ClientTask
+from plasticlm.fednl.theta import get_theta, set_theta, trainable
 from plasticlm.models import build_tiny, pack_corpus, train_bpe_tokenizer, train_lm
 
 FACTS = [("Where was Alira Marrow born?", ("Korvale", "Belburg", "Astford", "Dunmere")),

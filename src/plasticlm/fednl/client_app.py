@@ -16,9 +16,10 @@ from flwr.clientapp import ClientApp
 
 from plasticlm.fednl.checkpoint import load_client_state, save_client_state
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.local import local_update
 from plasticlm.fednl.messages import pack_theta, unpack_theta
-from plasticlm.fednl.methods import local_update, set_theta
 from plasticlm.fednl.setup import model_for, tasks_for
+from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import set_threads
 
 client_app = ClientApp()

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from plasticlm.eval import format_ci, seed_ci
-from plasticlm.fednl.methods import MethodConfig, get_theta
+from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.setup import build_model, tasks_for
+from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import ExperimentConfig, Variant, federated_config
 
 

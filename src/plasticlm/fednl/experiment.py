@@ -31,10 +31,10 @@ import matplotlib
 from plasticlm.errors import PlasticError
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci, seed_ci, verdict
 from plasticlm.fednl.comm import run_comm_experiment
-from plasticlm.fednl.methods import get_theta
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
+from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import (
     ExperimentConfig,
     Variant,

@@ -1,6 +1,6 @@
 """The federated methods: what each trains, sends, and adds to the local objective.
 
-All methods share one client update (:func:`local_update`) and one aggregation (weighted
+All methods share one client update (:func:`plasticlm.fednl.local.local_update`) and one aggregation (weighted
 mean, :mod:`plasticlm.fednl.aggregate`); they differ only in
 
 - which parameters form theta (what trains and what travels):
@@ -16,17 +16,19 @@ Personalised state (ALA weights, SI importances, previous local theta) is a flat
 ``dict[str, Tensor]`` that the client keeps; it never travels.
 """
 
+
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.objective import LocalObjective, answer_loss
+from plasticlm.fednl.theta import layer_of, set_theta, trainable
 from plasticlm.memory import attach_memory, save_pretrained
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
@@ -80,49 +82,6 @@ def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
     return METHODS[cfg.name].prepare(model, cfg)
 
 
-def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    """theta as live parameters, by name (tied weights appear once)."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def get_theta(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A float32 CPU copy of theta, ready to send."""
-    return {n: p.detach().float().cpu().clone() for n, p in trainable(model).items()}
-
-
-def set_theta(model: nn.Module, theta: dict[str, torch.Tensor]) -> None:
-    """Copy ``theta`` into the model's trainable parameters (keys and shapes must match)."""
-    params = trainable(model)
-    missing, extra = sorted(set(params) - set(theta)), sorted(set(theta) - set(params))
-    if missing or extra:
-        raise PlasticError(f"theta does not fit the model: missing {missing[:3]}, "
-                           f"unexpected {extra[:3]}")
-    with torch.no_grad():
-        for n, p in params.items():
-            if tuple(theta[n].shape) != tuple(p.shape):
-                raise PlasticError(f"theta {n}: shape {tuple(theta[n].shape)} != {tuple(p.shape)}")
-            p.copy_(theta[n].to(p.dtype))
-
-
-_LAYER = re.compile(r"layers\.(\d+)\.")
-
-
-def _layer_of(name: str) -> int | None:
-    m = _LAYER.search(name)
-    return int(m.group(1)) if m else None
-
-
-def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy on the labelled (answer) positions of ``ids`` [B, T].
-
-    Batches are right-padded, so a causal model needs no attention mask: padding comes
-    after every labelled position and cannot change its logits.
-    """
-    logits = model(input_ids=ids).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                           ignore_index=-100)
-
-
 def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodConfig) -> dict:
     """FedALA's adaptive local aggregation; returns the personalised initial theta.
 
@@ -132,10 +91,10 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
     local = _previous_local(state)
     if not local:
         return dict(global_theta)  # first round: nothing personal yet
-    layers = [x for x in (_layer_of(n) for n in global_theta) if x is not None]
+    layers = [x for x in (layer_of(n) for n in global_theta) if x is not None]
     top = set(range(max(layers) - cfg.ala_layers + 1, max(layers) + 1)) if layers else set()
     weights = {n: state.get(f"ala.{n}", torch.ones_like(global_theta[n]))
-               for n in global_theta if _layer_of(n) in top}
+               for n in global_theta if layer_of(n) in top}
     params = trainable(model)
     for ids, labels in batches:
         mixed = {n: (local[n] + (global_theta[n] - local[n]) * weights[n]) if n in weights
@@ -155,18 +114,6 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
             else global_theta[n] for n in global_theta}
 
 
-def is_gate_parameter(name: str) -> bool:
-    """The memory's mixing gate logits, beta and decay biases: scalars per head that Adam,
-    moving each parameter by about ``lr`` per step, would barely move at the LoRA rate."""
-    return name.endswith(("gate_logit", "beta_proj.bias", "decay_proj.bias"))
-
-
-def param_groups(params: dict[str, nn.Parameter], cfg: MethodConfig) -> list[dict]:
-    gates = [p for n, p in params.items() if is_gate_parameter(n)]
-    rest = [p for n, p in params.items() if not is_gate_parameter(n)]
-    return [{"params": rest}] + ([{"params": gates, "lr": cfg.gate_lr}] if gates else [])
-
-
 def gate_check(cfg: MethodConfig, rounds: int) -> str | None:
     """A warning when the training budget cannot move the gate logits by 1 (Adam moves a
     parameter by at most about lr per step), else None."""
@@ -181,66 +128,6 @@ def gate_check(cfg: MethodConfig, rounds: int) -> str | None:
     return None
 
 
-def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: MethodConfig,
-                 seed: int) -> tuple[dict, dict]:
-    """One round of local training from ``global_theta``; returns (local theta, metrics).
-
-    ``state`` (the client's personal tensors) is read and updated in place.
-    """
-    check_method(cfg.name)
-    method = METHODS[cfg.name]
-    batches = task.batches(tokenizer, cfg.local_steps + cfg.ala_steps, cfg.batch_size, seed)
-    start = method.initial(model, global_theta, state, batches, cfg)
-    set_theta(model, start)
-    params = trainable(model)
-    opt = torch.optim.AdamW(param_groups(params, cfg), lr=method.learning_rate(cfg),
-                            weight_decay=0.0)
-    objective = method.objective(params, global_theta, state, cfg)
-
-    model.train()
-    losses = []
-    for step, (ids, labels) in enumerate(batches):
-        if step >= cfg.local_steps:
-            break
-        task_loss = answer_loss(model, ids, labels)
-        extra = objective.penalty(params)
-        loss = task_loss if extra is None else task_loss + extra
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        objective.before_step(params)
-        opt.step()
-        objective.after_step(params)
-        losses.append(task_loss.item())
-    model.eval()
-
-    theta = get_theta(model)
-    objective.finish(theta, start, state)
-    method.keep(theta, state)
-    return theta, {"train_loss": sum(losses) / max(1, len(losses)),
-                   "train_loss_first": losses[0] if losses else float("nan"),
-                   "train_loss_last": losses[-1] if losses else float("nan")}
-
-
-# -- the methods ----------------------------------------------------------------------------
-
-
-class LocalObjective:
-    """One round's additions to the plain local objective (none by default)."""
-
-    def penalty(self, params: dict[str, nn.Parameter]) -> torch.Tensor | None:
-        return None
-
-    def before_step(self, params: dict[str, nn.Parameter]) -> None:
-        pass
-
-    def after_step(self, params: dict[str, nn.Parameter]) -> None:
-        pass
-
-    def finish(self, theta: dict, start: dict, state: dict) -> None:
-        pass
-
-
 class FedMethod:
     """A federated method: which parameters form theta, how a round starts, what it adds to
     the local objective, which personal state it keeps. The base is FedAvg over a static
@@ -249,8 +136,6 @@ class FedMethod:
     name = "fedavg"
 
     def prepare(self, model: nn.Module, cfg: MethodConfig) -> nn.Module:
-        from peft import LoraConfig, get_peft_model
-
         model = _windowed(model, cfg)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                           target_modules=list(LORA_TARGETS), bias="none")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import METHODS, check_method, gate_check, set_theta
+from plasticlm.fednl.methods import METHODS, check_method, gate_check
+from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import THREADS_ENV
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),

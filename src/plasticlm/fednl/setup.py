@@ -7,8 +7,9 @@ import functools
 import torch
 
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import get_theta, prepare_model
+from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import ClientTask, client_tasks, openbook_tasks
+from plasticlm.fednl.theta import get_theta
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 
 

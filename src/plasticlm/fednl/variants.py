@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import MethodConfig, set_theta
+from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.setup import build_model
+from plasticlm.fednl.theta import set_theta
 
 EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
 
