@@ -25,8 +25,8 @@ from plasticlm.scol.consolidate import (
 )
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
 from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
-from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
-from plasticlm.scol.meta import SCoLConfig, consolidate_stream, ipo_update, meta_train
+from plasticlm.scol.ipo import PreferencePair, ipo_loss, ipo_update, preference_pairs
+from plasticlm.scol.meta import SCoLConfig, consolidate_stream, meta_train
 from plasticlm.scol.rewards import intrinsic_reward, supervised_reward
 from plasticlm.scol.setup import METHODS
 
@@ -155,7 +155,7 @@ def test_ipo_update_moves_preference_the_right_way(tiny):
     rejected = tuple(tok("layers: 0, 1", add_special_tokens=False)["input_ids"])
     pair = PreferencePair(tuple(prompt), chosen, rejected, 1.0)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    stats = ipo_update(policy, ref, [pair], opt, SCoLConfig(ipo_epochs=3, ipo_tau=0.5))
+    stats = ipo_update(policy, ref, [pair], opt, tau=0.5, epochs=3)
     assert stats["h_before"] == pytest.approx(0.0, abs=1e-6)   # policy == reference
     assert stats["h_after"] > 0.1
     assert stats["ipo_loss_after"] < stats["ipo_loss_before"]
@@ -512,7 +512,7 @@ def test_pair_accuracy_follows_what_ipo_taught(tiny):
     """After IPO on a pair of real grammar completions the policy ranks that pair right
     (accuracy 1) and the reversed pair wrong (0); the untouched model is the reference."""
     from plasticlm.eval import encode_with_bos
-    from plasticlm.scol.meta import pair_accuracy
+    from plasticlm.scol.ipo import pair_accuracy
     from plasticlm.scol.policy import LayerGrammar, action_prompt, sample_actions
 
     model, tok, _, _ = tiny
@@ -528,7 +528,7 @@ def test_pair_accuracy_follows_what_ipo_taught(tiny):
     pair = PreferencePair(ids, tuple(good), tuple(bad), 1.0)
     policy = copy.deepcopy(model)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    ipo_update(policy, model, [pair], opt, cfg, grammar)
-    assert pair_accuracy(policy, tok, [pair], cfg) == 1.0
+    ipo_update(policy, model, [pair], opt, cfg.ipo_tau, cfg.ipo_epochs, grammar)
+    assert pair_accuracy(policy, tok, [pair], cfg.max_layers) == 1.0
     flipped = PreferencePair(ids, tuple(bad), tuple(good), 1.0)
-    assert pair_accuracy(policy, tok, [flipped], cfg) == 0.0
+    assert pair_accuracy(policy, tok, [flipped], cfg.max_layers) == 0.0

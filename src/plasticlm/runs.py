@@ -1,4 +1,5 @@
-"""Seeding, run folders, device selection, the cache home and the torch thread policy."""
+"""Seeding, run folders, atomic writes, device selection, the cache home and the torch thread
+policy."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +92,33 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` beside ``path`` and rename it into place: a crash leaves the old file or
+    the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: str | Path) -> Iterator[Path]:
+    """A fresh folder beside ``folder`` to write into; when the block ends without error it
+    replaces ``folder`` (so a crash never leaves half a model or checkpoint there).
+
+    >>> with atomic_folder(out) as tmp:          # doctest: +SKIP
+    ...     model.save_pretrained(tmp)
+    """
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
 class RunDir:
     """A run folder: ``config.json``, ``metrics.jsonl`` and plots, under ``runs/<name>``.
 
@@ -113,9 +142,7 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     def write_json(self, filename: str, obj: Any) -> Path:
-        path = self.path / filename
-        path.write_text(json.dumps(_jsonable(obj), indent=2) + "\n")
-        return path
+        return write_text_atomic(self.path / filename, json.dumps(_jsonable(obj), indent=2) + "\n")
 
     def log(self, **metrics: Any) -> dict:
         """Append one record (with a wall-clock ``time``) to ``metrics.jsonl``."""

@@ -17,12 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plasticlm.errors import PlasticError
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from plasticlm.runs import write_text_atomic
 
 
 class Checkpointer:
@@ -47,7 +42,7 @@ class Checkpointer:
         records = self.records()
         kept = [x for x in records if x["round"] <= r]
         if len(kept) != len(records):
-            _atomic_write(self.metrics, "".join(json.dumps(x) + "\n" for x in kept))
+            write_text_atomic(self.metrics, "".join(json.dumps(x) + "\n" for x in kept))
         if r == 0:
             return 0, initial
         path = self.run_dir / f"round_{r:04d}" / "theta.safetensors"
@@ -62,7 +57,7 @@ class Checkpointer:
         save_file({k: v.contiguous() for k, v in theta.items()}, str(folder / "theta.safetensors"))
         with self.metrics.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
-        _atomic_write(self.pointer, json.dumps({"round": round_}) + "\n")
+        write_text_atomic(self.pointer, json.dumps({"round": round_}) + "\n")
         previous = self.run_dir / f"round_{round_ - 1:04d}"
         if previous.exists():  # keep the latest round only; theta per round is in metrics
             shutil.rmtree(previous)

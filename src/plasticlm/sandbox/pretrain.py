@@ -30,7 +30,7 @@ from plasticlm.models import (
     train_lm,
     unigram_loss,
 )
-from plasticlm.runs import seed_everything
+from plasticlm.runs import atomic_folder, seed_everything, write_text_atomic
 from plasticlm.sandbox.drills import train_drills
 from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
 from plasticlm.sandbox.probes import (
@@ -44,19 +44,14 @@ from plasticlm.sandbox.world import World, generate_world, write_world
 
 
 def save_model_atomic(model, tokenizer, out: Path) -> None:
-    """Save an HF folder beside ``out`` and swap it in, so a crash never leaves half a model."""
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    """Save an HF folder (model and tokenizer) so that a crash never leaves half a model."""
+    with atomic_folder(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def build_model(spec: ModelSpec, vocab_size: int, max_len: int):

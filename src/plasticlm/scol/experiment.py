@@ -21,12 +21,12 @@ from plasticlm.errors import PlasticError
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
 from plasticlm.scol.consolidate import num_layers_of
 from plasticlm.scol.contexts import Context, contexts_from_passages, split_streams
+from plasticlm.scol.ipo import pair_accuracy
 from plasticlm.scol.matrix import AccuracyMatrix
 from plasticlm.scol.meta import (
     action_stats,
     consolidate_stream,
     meta_train,
-    pair_accuracy,
 )
 from plasticlm.scol.report import (
     PAPER,
@@ -192,8 +192,8 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
                                         "best", desc="held-out pairs", replay=replay)
         if held:
             report["held_out_pairs"] = {
-                "n": len(held), "trained": pair_accuracy(policies["scol"], tok, held, cfg.scol),
-                "untrained": pair_accuracy(base, tok, held, cfg.scol)}
+                "n": len(held), "trained": pair_accuracy(policies["scol"], tok, held, cfg.scol.max_layers),
+                "untrained": pair_accuracy(base, tok, held, cfg.scol.max_layers)}
 
     if "fixed_best" in cfg.methods:
         t = time.time()

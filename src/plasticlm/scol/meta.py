@@ -6,12 +6,12 @@ candidate pairs with different rewards become IPO preference pairs. Outer loop: 
 the pre-adaptation weights theta_0 against a frozen copy of them taken at each outer step.
 """
 
+
 from __future__ import annotations
 
 import copy
 import json
 import random
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_with_bos
 from plasticlm.scol.candidates import adapt_lora_together
+from plasticlm.scol.checkpoint import load_optimizer, save_checkpoint
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -34,12 +35,10 @@ from plasticlm.scol.consolidate import (
     with_replay,
 )
 from plasticlm.scol.contexts import Context
-from plasticlm.scol.ipo import PreferencePair, ipo_loss, preference_pairs
+from plasticlm.scol.ipo import PreferencePair, ipo_update, preference_pairs
 from plasticlm.scol.policy import (
     LayerGrammar,
     action_prompt,
-    completion_logprob,
-    constrained_entropy,
     sample_actions,
 )
 from plasticlm.scol.rewards import (
@@ -230,102 +229,6 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
     return model, records, pairs
 
 
-def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.optim.Optimizer,
-               cfg: SCoLConfig, grammar: LayerGrammar | None = None,
-               reference_logps: dict | None = None) -> dict:
-    """``cfg.ipo_epochs`` IPO steps on ``policy`` over all ``pairs`` (one step per epoch,
-    gradients accumulated pair by pair); returns the loss and mean h before and after.
-    With ``grammar`` the log-probs are over the free tokens under the grammar-masked
-    distribution (:func:`plasticlm.scol.policy.completion_logprob`). ``reference_logps``
-    (pair -> reference log-probs) is read and filled, so a fixed reference scores each
-    buffered pair once across outer steps."""
-    if not pairs:
-        return {"pairs": 0}
-    cache = {} if reference_logps is None else reference_logps
-    with torch.no_grad():
-        for p in pairs:
-            if p not in cache:
-                cache[p] = (completion_logprob(reference, list(p.prompt_ids),
-                                               list(p.chosen_ids), grammar),
-                            completion_logprob(reference, list(p.prompt_ids),
-                                               list(p.rejected_ids), grammar))
-    ref_w = torch.stack([cache[p][0] for p in pairs])
-    ref_l = torch.stack([cache[p][1] for p in pairs])
-
-    def h_values() -> torch.Tensor:
-        with torch.no_grad():
-            w = torch.stack([completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids),
-                                                grammar) for p in pairs])
-            ell = torch.stack([completion_logprob(policy, list(p.prompt_ids),
-                                                  list(p.rejected_ids), grammar) for p in pairs])
-        return (w - ell) - (ref_w - ref_l)
-
-    target = 1.0 / (2.0 * cfg.ipo_tau)
-    h_before = h_values()
-    policy.train()
-    for _ in range(cfg.ipo_epochs):
-        opt.zero_grad(set_to_none=True)
-        for i, p in enumerate(pairs):
-            lw = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids), grammar)
-            ll = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids), grammar)
-            loss = ipo_loss(lw[None], ll[None], ref_w[i:i + 1], ref_l[i:i + 1], cfg.ipo_tau)
-            if cfg.diversity > 0 and grammar is not None:
-                ent = (constrained_entropy(policy, list(p.prompt_ids), list(p.chosen_ids),
-                                           grammar)
-                       + constrained_entropy(policy, list(p.prompt_ids), list(p.rejected_ids),
-                                             grammar)) / 2
-                loss = loss - cfg.diversity * ent
-            (loss / len(pairs)).backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        opt.step()
-    policy.eval()
-    h_after = h_values()
-    return {"pairs": len(pairs),
-            "ipo_loss_before": float(((h_before - target) ** 2).mean()),
-            "ipo_loss_after": float(((h_after - target) ** 2).mean()),
-            "h_before": float(h_before.mean()), "h_after": float(h_after.mean())}
-
-
-def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for idx, st in opt.state_dict()["state"].items():
-        for name, value in st.items():
-            tensors[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
-    save_file(tensors, str(path))
-
-
-def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
-    from safetensors.torch import load_file
-
-    sd = opt.state_dict()
-    state: dict[int, dict] = {}
-    for key, value in load_file(str(path)).items():
-        idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = value
-    sd["state"] = state
-    opt.load_state_dict(sd)
-
-
-def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict,
-                    pairs: list[dict] | None = None) -> Path:
-    """Policy (HF folder, safetensors), optimiser moments (safetensors), the preference
-    buffer (``pairs.json``) and ``state.json``, written to a temporary folder then renamed so
-    a crash never leaves half a checkpoint."""
-    tmp = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    _save_optimizer(opt, tmp / "optimizer.safetensors")
-    if pairs is not None:
-        (tmp / "pairs.json").write_text(json.dumps(pairs) + "\n")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
-    return folder
-
-
 def action_stats(records: Sequence[StepRecord], num_layers: int) -> dict:
     """Histogram of committed layers and how varied the candidates were."""
     hist = Counter(i for r in records for i in r.layers)
@@ -385,7 +288,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         p.requires_grad_(True)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.ipo_lr, weight_decay=0.0)
     if start and (ckpt / "optimizer.safetensors").exists():
-        _load_optimizer(opt, ckpt / "optimizer.safetensors")
+        load_optimizer(opt, ckpt / "optimizer.safetensors")
     grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
     reference_logps: dict = {}   # the fixed reference's log-probs of buffered pairs
     for step in tqdm(range(start, cfg.outer_steps), desc="meta-train", disable=not progress):
@@ -402,8 +305,8 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
                                                step_cfg, "best", desc=f"outer step {step}",
                                                replay=replay)
         buffer = (pairs + buffer)[: cfg.pair_buffer] if cfg.pair_buffer else pairs
-        stats = ipo_update(policy, reference, buffer, opt, cfg, grammar,
-                           reference_logps if fixed is not None else None)
+        stats = ipo_update(policy, reference, buffer, opt, cfg.ipo_tau, cfg.ipo_epochs, grammar,
+                           reference_logps if fixed is not None else None, cfg.diversity)
         rewards = [r.reward.total for r in records if r.reward is not None]
         run.log(outer_step=step, mean_reward=sum(rewards) / max(1, len(rewards)),
                 mean_acquisition=sum(r.reward.acquisition for r in records) / len(records),
@@ -416,19 +319,3 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         if reference is not fixed:
             del reference
     return policy
-
-
-@torch.no_grad()
-def pair_accuracy(policy, tokenizer, pairs: Sequence[PreferencePair], cfg: SCoLConfig) -> float:
-    """Share of preference ``pairs`` whose chosen completion the policy rates above the
-    rejected one (grammar-masked log-probs of the free tokens); on pairs from streams the
-    policy never meta-trained on, this is how well it learned to pick."""
-    if not pairs:
-        raise PlasticError("no preference pairs to score")
-    grammar = LayerGrammar(tokenizer, num_layers_of(policy), cfg.max_layers)
-    hits = 0
-    for p in pairs:
-        chosen = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids), grammar)
-        rejected = completion_logprob(policy, list(p.prompt_ids), list(p.rejected_ids), grammar)
-        hits += float(chosen) > float(rejected)
-    return hits / len(pairs)

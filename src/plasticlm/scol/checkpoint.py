@@ -1,0 +1,47 @@
+"""Meta-training checkpoints: the policy as an HF folder, the optimiser's moments and the
+preference buffer, swapped in atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from plasticlm.runs import atomic_folder
+
+
+def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    """The optimiser's per-parameter state (moments, step) as safetensors."""
+    tensors = {}
+    for idx, st in opt.state_dict()["state"].items():
+        for name, value in st.items():
+            tensors[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
+    save_file(tensors, str(path))
+
+
+def load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+    """Restore what :func:`save_optimizer` wrote into ``opt``."""
+    sd = opt.state_dict()
+    state: dict[int, dict] = {}
+    for key, value in load_file(str(path)).items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    sd["state"] = state
+    opt.load_state_dict(sd)
+
+
+def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict,
+                    pairs: list[dict] | None = None) -> Path:
+    """Policy (HF folder, safetensors), optimiser moments (safetensors), the preference
+    buffer (``pairs.json``) and ``state.json``, written to a temporary folder then renamed so
+    a crash never leaves half a checkpoint."""
+    with atomic_folder(folder) as tmp:
+        policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_optimizer(opt, tmp / "optimizer.safetensors")
+        if pairs is not None:
+            (tmp / "pairs.json").write_text(json.dumps(pairs) + "\n")
+        (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    return folder
