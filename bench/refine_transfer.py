@@ -34,8 +34,9 @@ FUSIONS = {"aligned": {"mode": "aligned"},
 def main() -> None:
     from plasticlm.data.mmlu import load_mmlu
     from plasticlm.refine import FedRefine, Link
+    from plasticlm.refine.examples import make_examples
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
+    from plasticlm.refine.train import FuserTrainConfig, train_fuser
     from plasticlm.sandbox import sandbox_world
     from plasticlm.sandbox.world import mc_prompt, question_meta, read_world_index
 

@@ -10,8 +10,8 @@ import plasticlm.scol.longbench as scol_longbench
 from plasticlm.data.mmlu import write_mmlu
 from plasticlm.data.records import MCQuestion
 from plasticlm.eval import MCConfig, choice_scores, qa_continuation, qa_line, qa_prompt
+from plasticlm.refine.examples import make_examples
 from plasticlm.refine.experiment import ExperimentConfig, load_questions
-from plasticlm.refine.train import make_examples
 from plasticlm.scol.rewards import qa_prompt as scol_qa_prompt
 
 QUESTION = "Which organ does Kalomira act on?"

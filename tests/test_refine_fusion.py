@@ -20,7 +20,8 @@ from plasticlm.refine import (
     train_fuser,
     train_fusers,
 )
-from plasticlm.refine.train import evaluate_answer_loss, general_examples
+from plasticlm.refine.examples import general_examples
+from plasticlm.refine.train import evaluate_answer_loss
 from plasticlm.sandbox import teach_facts
 
 ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]

@@ -69,9 +69,10 @@ def _train_fuser(args) -> int:
     from pathlib import Path
 
     from plasticlm.config import load_config
+    from plasticlm.refine.examples import make_examples
     from plasticlm.refine.experiment import ExperimentConfig, load_questions
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
+    from plasticlm.refine.train import FuserTrainConfig, train_fuser
 
     cfg = load_config(FuserTrainConfig, args.config, args.overrides)
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)

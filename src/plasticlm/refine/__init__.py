@@ -14,6 +14,7 @@
 
 from plasticlm.refine.align import LAYER_MAPS, TokenAlignment, align_tokens, layer_map
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
+from plasticlm.refine.examples import Example
 from plasticlm.refine.fuser import FUSION_MODES, Fuser, FuserConfig
 from plasticlm.refine.leakage import (
     InversionResult,
@@ -24,7 +25,7 @@ from plasticlm.refine.leakage import (
 from plasticlm.refine.modes import MODES, Answer, FedRefine, Link, RefineConfig, Scored
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.rephrase import rephrase, rule_rephrase
-from plasticlm.refine.train import Example, FuserTrainConfig, train_fuser, train_fusers
+from plasticlm.refine.train import FuserTrainConfig, train_fuser, train_fusers
 
 __all__ = [
     "FUSION_MODES", "LAYER_MAPS", "MODES", "Answer", "Example", "FedRefine", "Fuser",

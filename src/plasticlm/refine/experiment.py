@@ -18,12 +18,13 @@ from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_prompt
+from plasticlm.refine.examples import make_examples
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report
-from plasticlm.refine.train import FuserTrainConfig, make_examples, train_fuser
+from plasticlm.refine.train import FuserTrainConfig, train_fuser
 
 
 @dataclass

@@ -18,11 +18,12 @@ from tqdm.auto import tqdm
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation, qa_prompt
+from plasticlm.refine.examples import Example
 from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbox_world_of
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.probe import ProbeItem, probe_table
-from plasticlm.refine.train import Example, FuserTrainConfig, prepare_examples, train_fusers
+from plasticlm.refine.train import FuserTrainConfig, prepare_examples, train_fusers
 from plasticlm.runs import RunDir
 
 ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",

@@ -9,6 +9,7 @@ cache covers the whole prompt and the last token runs again at its own position)
 cache after the receiver's BOS and runs the prompt after it.
 """
 
+
 from __future__ import annotations
 
 import time
@@ -17,20 +18,20 @@ from dataclasses import dataclass, field
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import qa_continuation
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import (
     BYTES_PER_ELEMENT_ON_WIRE,
     KVCache,
-    build_dynamic_cache,
-    continue_from_cache,
     extract_cache,
 )
+from plasticlm.refine.decode import Prepared, argmax, greedy_decode, score_choices
 from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
+from plasticlm.refine.peer import Peer, as_batch, prompt_ids, transmitter_ids
 from plasticlm.refine.rephrase import rephrase
 
 MODES = ("alone", "t2t", "c2c", "multi", "co-c2c")
+
+
 ORDERS = ("parallel", "sequence")
 
 
@@ -53,19 +54,6 @@ class RefineConfig:
     rounds: int = 1                # co-c2c exchanges
     t2t_max_new_tokens: int = 12
     t2t_template: str = "{prompt}{background}\n{prompt}"
-
-
-@dataclass
-class Prepared:
-    """The receiver's state for one prompt, ready to score from or decode from."""
-
-    cache: KVCache
-    tail: list[int]                # receiver tokens to run on the cache (their last predicts)
-    prompt_ids: list[int]
-    wire_bytes: int = 0
-    background: list[str] = field(default_factory=list)
-    rephrased: list[str] = field(default_factory=list)
-    start: int | None = None       # position of tail[0] (None: right after the cache)
 
 
 @dataclass
@@ -282,11 +270,11 @@ class FedRefine:
         scores = score_choices(self.receiver.model, self.receiver.tokenizer, prep, prompt,
                                choices)
         ttft = time.perf_counter() - t0
-        out = Scored(scores, _argmax(scores), ttft, 0.0, prep.wire_bytes)
+        out = Scored(scores, argmax(scores), ttft, 0.0, prep.wire_bytes)
         if partner is not None:
             b = self.links[0].peer
             out.partner_scores = score_choices(b.model, b.tokenizer, partner, prompt, choices)
-            out.partner_choice = _argmax(out.partner_scores)
+            out.partner_choice = argmax(out.partner_scores)
         out.latency = time.perf_counter() - t0
         return out
 
@@ -308,63 +296,3 @@ class FedRefine:
             answer.partner_text = greedy_decode(b.model, b.tokenizer, partner, max_new_tokens,
                                                 stop)[0]
         return answer
-
-
-def _start(prep: Prepared, batch: int = 1) -> torch.Tensor | None:
-    return None if prep.start is None else torch.full((batch,), prep.start)
-
-
-def _argmax(xs: list[float]) -> int:
-    return max(range(len(xs)), key=xs.__getitem__)
-
-
-def score_choices(model, tokenizer, prep: Prepared, prompt: str, choices: list[str]
-                  ) -> list[float]:
-    """Summed log-prob of `` <choice>`` for each choice, all in one batch on ``prep``'s state."""
-    from plasticlm.eval import pad_batch, pad_id_of
-
-    conts = [continuation_ids(tokenizer, prep.prompt_ids, prompt, qa_continuation(c.strip()))
-             for c in choices]
-    ids, mask = pad_batch([prep.tail + c for c in conts], pad_id_of(tokenizer))
-    logits = continue_from_cache(model, prep.cache.expand(len(conts)), ids, mask,
-                                 start_positions=_start(prep, len(conts))).float()
-    logp = logits.log_softmax(-1)
-    out = []
-    n = len(prep.tail)
-    for i, c in enumerate(conts):
-        rows = logp[i, n - 1: n - 1 + len(c)]
-        out.append(float(rows.gather(-1, torch.tensor(c)[:, None].to(rows.device)).sum()))
-    return out
-
-
-def greedy_decode(model, tokenizer, prep: Prepared, max_new_tokens: int,
-                  stop: tuple[str, ...] = ()) -> tuple[str, float]:
-    """Greedy continuation after ``prep``; returns ``(text, perf_counter time of token 1)``."""
-    from plasticlm.eval import cut_at_stop
-
-    device = next(model.parameters()).device
-    cache = build_dynamic_cache(prep.cache.keys, prep.cache.values)
-    mask = prep.cache.mask.to(device)
-    pos = int(prep.cache.mask.sum()) if prep.start is None else prep.start
-    ids = as_batch(prep.tail).to(device)
-    new: list[int] = []
-    first = None
-    eos = tokenizer.eos_token_id
-    for _ in range(max_new_tokens):
-        mask = torch.cat([mask, torch.ones_like(ids)], 1)
-        positions = torch.arange(pos, pos + ids.shape[1], device=device)[None]
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True)
-        cache = out.cache
-        pos += ids.shape[1]
-        nxt = int(out.logits[0, -1].argmax())
-        first = first or time.perf_counter()
-        if nxt == eos:
-            break
-        new.append(nxt)
-        text = tokenizer.decode(new, skip_special_tokens=True)
-        if any(s in text for s in stop):
-            break
-        ids = torch.tensor([[nxt]], device=device)
-    text = cut_at_stop(tokenizer.decode(new, skip_special_tokens=True), stop)
-    return text, first or time.perf_counter()

@@ -12,6 +12,7 @@ continuations and Q/A lines, no private fact); task examples (:func:`make_exampl
 task-specific fuser.
 """
 
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,12 @@ import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import pad_batch, pad_id_of, qa_continuation
+from plasticlm.eval import pad_batch, pad_id_of
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
+from plasticlm.refine.examples import Example
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
-from plasticlm.refine.rephrase import rephrase
 
 
 @dataclass
@@ -53,16 +54,6 @@ class FuserTrainConfig:
     temperature_start: float = 1.0  # c2c gates: Gumbel-sigmoid temperature schedule
     temperature_end: float = 0.001
     seed: int = 0
-
-
-@dataclass
-class Example:
-    """A prompt, the answer the receiver should continue it with, and optionally the text the
-    transmitter encodes instead of the prompt (a rephrasing)."""
-
-    prompt: str
-    answer: str
-    transmitter_text: str | None = None
 
 
 @dataclass
@@ -120,31 +111,6 @@ def answer_loss(receiver_model, state: KVCache, tail: list[int], answer: list[in
     return torch.nn.functional.cross_entropy(logits.float(), target)
 
 
-def general_examples(texts: list[str], n: int, seed: int = 0, max_answer_words: int = 12
-                     ) -> list[Example]:
-    """Up to ``n`` (context, continuation) examples from general documents: a Q/A line
-    ``Q: ... A: x.`` gives prompt ``Q: ... A:`` and answer `` x``; a narrative document cut
-    after a sentence gives the sentences so far and the start of the next sentence (at most
-    ``max_answer_words`` words). Deterministic by ``seed``."""
-    rng = random.Random(seed)
-    out: list[Example] = []
-    for text in texts:
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        if lines and all(ln.startswith("Q: ") and " A: " in ln for ln in lines):
-            for ln in lines:
-                question, _, answer = ln.partition(" A: ")
-                out.append(Example(question + " A:", qa_continuation(answer.rstrip("."))))
-            continue
-        sentences = [x.strip() + "." for x in " ".join(lines).split(". ") if x.strip()]
-        if len(sentences) < 2:
-            continue
-        cut = rng.randrange(1, len(sentences))
-        nxt = sentences[cut].rstrip(".").split()[:max_answer_words]
-        out.append(Example(" ".join(sentences[:cut]), " " + " ".join(nxt)))
-    rng.shuffle(out)
-    return out[:n]
-
-
 def fused_batch_state(fuser: Fuser, batch: list[_Prepared], receiver_layout) -> KVCache:
     """The fused states of a batch, stacked (left-padded). Aligned fusion runs once on the
     stacked caches (each row's transmitter index shifted by its padding); prefix fusion runs
@@ -173,21 +139,6 @@ def batch_answer_loss(receiver_model, pad_id: int, state: KVCache, batch: list[_
         target = torch.tensor(p.answer, device=rows.device)
         losses.append(torch.nn.functional.cross_entropy(rows.float(), target))
     return torch.stack(losses).mean()
-
-
-def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | None = None
-                  ) -> list[Example]:
-    """Examples from MC records: prompt ``prompt_fn(question)``, answer `` <right choice>``;
-    with ``private`` the transmitter text is the prompt rephrased."""
-    out = []
-    for q in items:
-        prompt = prompt_fn(q.question)
-        text = None
-        if private:
-            text = rephrase(prompt, rephraser.model if rephraser else None,
-                            rephraser.tokenizer if rephraser else None)[0]
-        out.append(Example(prompt, qa_continuation(q.answer_text.strip()), text))
-    return out
 
 
 def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
@@ -326,4 +277,3 @@ def evaluate_answer_loss(receiver: Peer, transmitter: Peer, fuser: Fuser | None,
         state = fused_state(fuser, p, receiver.layout) if fuser is not None else p.own
         total += float(answer_loss(receiver.model, state, p.tail, p.answer, p.start))
     return total / len(examples)
-

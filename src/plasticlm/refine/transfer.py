@@ -45,6 +45,7 @@ import dataclasses
 import json
 import time
 
+from plasticlm.refine.examples import Example, general_examples
 from plasticlm.refine.ladder import ROWS, Ladder, TransferConfig, entity_of
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.report import probe_summary, transfer_results, transfer_table
@@ -56,7 +57,6 @@ from plasticlm.refine.taught import (
     oracle_rows,
     private_rows,
 )
-from plasticlm.refine.train import Example, general_examples
 
 PROBE_GATE_PP = 15.0      # the probe must beat the control's by this much at fused positions
 
