@@ -29,7 +29,8 @@ def main() -> None:
     from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm
     from plasticlm.sandbox import PRESETS, evaluate_niah, evaluate_world_mc, train_drills
     from plasticlm.sandbox.pretrain import build_model
-    from plasticlm.sandbox.world import generate_world, write_world
+    from plasticlm.sandbox.world import generate_world
+    from plasticlm.sandbox.world_index import write_world
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400, help="drill steps")

@@ -38,7 +38,8 @@ def main() -> None:
     from plasticlm.refine.peer import load_peer
     from plasticlm.refine.train import FuserTrainConfig, train_fuser
     from plasticlm.sandbox import sandbox_world
-    from plasticlm.sandbox.world import mc_prompt, question_meta, read_world_index
+    from plasticlm.sandbox.passages import mc_prompt
+    from plasticlm.sandbox.world_index import question_meta, read_world_index
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=10)

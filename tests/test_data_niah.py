@@ -18,7 +18,7 @@ from plasticlm.data import (
     write_niah,
 )
 from plasticlm.errors import PlasticError
-from plasticlm.sandbox.world import filler_sentences
+from plasticlm.sandbox.passages import filler_sentences
 
 HAY = haystack_sentences(filler_sentences(300, seed=1))
 

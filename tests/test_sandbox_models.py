@@ -71,7 +71,7 @@ def test_mc_accuracy_matches_unbatched_reference(quick):
     import torch
 
     from plasticlm.models import load_causal_lm
-    from plasticlm.sandbox.world import mc_prompt
+    from plasticlm.sandbox.passages import mc_prompt
 
     out, _ = quick
     model, tok = load_causal_lm(out / "receiver")

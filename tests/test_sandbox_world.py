@@ -22,7 +22,7 @@ from plasticlm.sandbox import (
     read_world_index,
     write_world,
 )
-from plasticlm.sandbox.world import question_meta
+from plasticlm.sandbox.world_index import question_meta
 
 SMALL = WorldConfig(seed=5, core_per_domain=16, unseen_per_domain=4, specialist_entities=8,
                     drills=10, longbench_per_length=2, longbench_words=(200, 400, 800))

@@ -392,7 +392,7 @@ def test_sandbox_questions_have_an_entity_swapped_twin():
     (one name per entity), keeping its gold answers: the entity-swap control."""
     from plasticlm.data.squad import load_squad
     from plasticlm.sandbox import sandbox_world
-    from plasticlm.sandbox.world import read_world_index
+    from plasticlm.sandbox.world_index import read_world_index
     from plasticlm.scol.setup import quick_config, resolve_world_file, swap_names
 
     cfg = quick_config()

@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _world(args) -> int:
     from plasticlm.config import load_config
     from plasticlm.sandbox.tasks import write_world_tasks
-    from plasticlm.sandbox.world import WorldConfig, generate_world, write_world
+    from plasticlm.sandbox.world import WorldConfig, generate_world
+    from plasticlm.sandbox.world_index import write_world
 
     cfg = load_config(WorldConfig, args.config, [f"seed={args.seed}", *args.overrides])
     world = generate_world(cfg)
@@ -115,7 +116,7 @@ def _describe(path: Path) -> dict:
     from plasticlm.data.mmlu import SPLITS
     from plasticlm.errors import PlasticError
     from plasticlm.sandbox.tasks import load_client_streams, load_openbook
-    from plasticlm.sandbox.world import read_world_index
+    from plasticlm.sandbox.world_index import read_world_index
 
     if not path.exists():
         raise PlasticError(f"{path} does not exist")

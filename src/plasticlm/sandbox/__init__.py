@@ -44,13 +44,8 @@ from plasticlm.sandbox.tasks import (
     write_world_tasks,
 )
 from plasticlm.sandbox.text import TextPretrainConfig, pretrain_text
-from plasticlm.sandbox.world import (
-    World,
-    WorldConfig,
-    generate_world,
-    read_world_index,
-    write_world,
-)
+from plasticlm.sandbox.world import World, WorldConfig, generate_world
+from plasticlm.sandbox.world_index import read_world_index, write_world
 
 __all__ = [
     "PRESETS", "SANDBOX_VERSION", "ModelSpec", "Preset", "TextPretrainConfig", "TokenizerSpec",

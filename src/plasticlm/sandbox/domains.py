@@ -8,7 +8,7 @@ drawn from a space of thousands, so that no prior over values can guess it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from plasticlm.errors import PlasticError
 
@@ -244,3 +244,16 @@ def build_domains(towns: tuple[str, ...]) -> list[Domain]:
               "Who founded {e}?"),
         )),
     ]
+
+
+@dataclass
+class Entity:
+    id: str
+    name: str
+    domain: str
+    role: str                        # core | specialist | unseen
+    rank: int                        # 1 = most mentioned in its domain and role
+    mentions: int                    # biographies in the corpus that mentions it
+    bucket: str                      # head | torso | tail (by rank)
+    qa_in_corpus: bool
+    attributes: dict[str, str] = field(default_factory=dict)

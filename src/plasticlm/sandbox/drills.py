@@ -23,9 +23,10 @@ from plasticlm.data.niah import generate_niah
 from plasticlm.eval import encode_pair, qa_continuation, qa_prompt
 from plasticlm.models import train_steps
 from plasticlm.models.pretrain import lm_loss, pack_corpus
-from plasticlm.sandbox.domains import KINDS, entity_name, person_name
+from plasticlm.sandbox.domains import KINDS, Entity, entity_name, person_name
+from plasticlm.sandbox.passages import passage_text
 from plasticlm.sandbox.tasks import filler_text
-from plasticlm.sandbox.world import Entity, World, passage_text
+from plasticlm.sandbox.world import World
 
 
 def _answer_batch(pairs: list[tuple[list[int], list[int]]], pad: int

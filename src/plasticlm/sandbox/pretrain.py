@@ -40,7 +40,8 @@ from plasticlm.sandbox.probes import (
     probe_table,
 )
 from plasticlm.sandbox.tasks import write_world_tasks
-from plasticlm.sandbox.world import World, generate_world, write_world
+from plasticlm.sandbox.world import World, generate_world
+from plasticlm.sandbox.world_index import write_world
 
 
 def save_model_atomic(model, tokenizer, out: Path) -> None:

@@ -24,7 +24,8 @@ from plasticlm.eval import (
     score_continuations,
 )
 from plasticlm.sandbox.tasks import openbook_items
-from plasticlm.sandbox.world import World, question_meta, read_world_index
+from plasticlm.sandbox.world import World
+from plasticlm.sandbox.world_index import question_meta, read_world_index
 
 
 def _ci_entry(correct: list[float], groups: list[str] | None = None) -> dict:

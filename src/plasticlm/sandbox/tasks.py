@@ -21,7 +21,8 @@ from plasticlm.data.jsonl import read_jsonl
 from plasticlm.errors import PlasticError
 from plasticlm.eval.prompts import qa_prompt
 from plasticlm.sandbox.domains import person_name
-from plasticlm.sandbox.world import World, filler_sentences, passage_text
+from plasticlm.sandbox.passages import filler_sentences, passage_text
+from plasticlm.sandbox.world import World
 
 
 @dataclass(frozen=True)

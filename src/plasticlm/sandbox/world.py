@@ -21,32 +21,27 @@ scored apart. Entity roles:
 Q/A lines and questions use the one template of :mod:`plasticlm.eval.prompts`.
 """
 
+
 from __future__ import annotations
 
-import json
 import random
 import re
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from plasticlm.data.corpus import write_text_corpus
-from plasticlm.data.longbench import write_longbench
-from plasticlm.data.mmlu import write_mmlu
 from plasticlm.data.niah import NIAHConfig, make_sample
 from plasticlm.data.records import QA, Answer, LongItem, MCQuestion, Passage, Stream
-from plasticlm.data.squad import write_squad
-from plasticlm.data.streams import write_streams
 from plasticlm.errors import PlasticError
-from plasticlm.eval.prompts import qa_line, qa_prompt
 from plasticlm.sandbox.domains import (
     DOMAIN_NAMES,
     KINDS,
     Attribute,
     Domain,
+    Entity,
     build_domains,
     person_name,
     unique_names,
 )
+from plasticlm.sandbox.passages import biography, filler_sentences, passage_text, qa_block
 
 WORLD_VERSION = 2
 
@@ -86,19 +81,6 @@ class WorldConfig:
 
 
 @dataclass
-class Entity:
-    id: str
-    name: str
-    domain: str
-    role: str                        # core | specialist | unseen
-    rank: int                        # 1 = most mentioned in its domain and role
-    mentions: int                    # biographies in the corpus that mentions it
-    bucket: str                      # head | torso | tail (by rank)
-    qa_in_corpus: bool
-    attributes: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class World:
     config: WorldConfig
     domains: list[Domain]
@@ -124,70 +106,10 @@ class World:
         return next(d for d in self.domains if d.name == name)
 
 
-_FILLER_SUBJ = ("The old clock", "A small boat", "The morning bus", "Our neighbour", "The baker",
-                "A grey cat", "The night train", "My cousin", "The school choir", "A tired farmer",
-                "The postman", "The wind")
-_FILLER_VERB = ("waited near", "passed by", "looked at", "walked past", "painted", "cleaned",
-                "sang about", "forgot", "visited", "followed")
-_FILLER_OBJ = ("the quiet harbour", "a wooden fence", "the empty market", "an old bridge",
-               "the green hill", "a broken cart", "the long road", "the village well",
-               "a red door", "the north field", "the stone wall")
-_FILLER_TAIL = ("", " in the rain", " before noon", " every Sunday", " without a word",
-                " after supper")
-
-
-def filler_sentences(n: int, seed: int = 0) -> list[str]:
-    """Plain everyday sentences with no world facts: the haystack of retrieval drills."""
-    rng = random.Random(seed)
-    return [f"{rng.choice(_FILLER_SUBJ)} {rng.choice(_FILLER_VERB)} {rng.choice(_FILLER_OBJ)}"
-            f"{rng.choice(_FILLER_TAIL)}." for _ in range(n)]
-
-
 def _bucket(rank: int, n: int) -> str:
     if rank <= max(1, round(0.2 * n)):
         return "head"
     return "tail" if rank > n // 2 else "torso"
-
-
-def render(template: str, e: Entity, v: str) -> str:
-    """One statement: ``template`` with the entity's name and value ``v``."""
-    s = template.format(e=e.name, v=v)
-    # Names keep their own case (libraries are lower-case); only other openings are raised.
-    return s if template.startswith("{e}") else s[0].upper() + s[1:]
-
-
-def biography(e: Entity, domain: Domain, rng: random.Random, extra: int = 1,
-              closed_only: bool = False) -> str:
-    """One statement per attribute (per closed attribute with ``closed_only``) plus
-    ``extra`` more paraphrases, in random order."""
-    attrs = domain.closed_attributes if closed_only else domain.attributes
-    picks = [(a, rng.choice(a.statements)) for a in attrs]
-    pool = [(a, s) for a in attrs for s in a.statements if (a, s) not in picks]
-    picks += rng.sample(pool, min(extra, len(pool)))
-    rng.shuffle(picks)
-    return " ".join(render(s, e, e.attributes[a.name]) for a, s in picks)
-
-
-_INTROS = ("", "", "From the archive: ", "A short note on {e}. ", "About {e}: ",
-           "The record of {e} reads as follows. ", "Here is what is known of {e}. ")
-
-
-def passage_text(e: Entity, domain: Domain, rng: random.Random) -> str:
-    """A SCoL/open-book passage: an optional opening, one statement per attribute and two
-    more paraphrases, shuffled (so that passages do not share one layout)."""
-    return rng.choice(_INTROS).format(e=e.name) + biography(e, domain, rng, extra=2)
-
-
-def qa_block(e: Entity, domain: Domain, rng: random.Random, closed_only: bool = False) -> str:
-    """Q/A lines (:func:`plasticlm.eval.prompts.qa_line`) for every attribute, shuffled."""
-    attrs = list(domain.closed_attributes if closed_only else domain.attributes)
-    rng.shuffle(attrs)
-    return "\n".join(qa_line(a.question.format(e=e.name), e.attributes[a.name]) for a in attrs)
-
-
-def mc_prompt(question: str) -> str:
-    """How a world question is put to a model; each choice is scored as `` <choice>``."""
-    return qa_prompt(question)
 
 
 def _mc(e: Entity, a: Attribute, split: str, rng: random.Random, index: int) -> MCQuestion:
@@ -342,56 +264,3 @@ def generate_world(cfg: WorldConfig | None = None) -> World:
                for i in range(cfg.streams)]
     return World(cfg, domains, entities, train_docs, valid_docs, specialist_docs, core_q, spec_q,
                  core_meta + spec_meta, passages, long_items, streams)
-
-
-def write_world(world: World, out: str | Path) -> Path:
-    """Write the world under ``out`` in the real formats (see the module docstring)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_corpus(out / "corpus" / "train.txt", world.train_docs)
-    write_text_corpus(out / "corpus" / "valid.txt", world.valid_docs)
-    write_text_corpus(out / "corpus" / "specialist.txt", world.specialist_docs)
-    write_mmlu(out / "mmlu", world.questions)
-    write_mmlu(out / "specialist_mmlu", world.specialist_questions)
-    write_squad(out / "squad" / "unseen.json", world.passages)
-    write_longbench(out / "longbench" / "items.json", world.long_items)
-    write_streams(out / "streams.jsonl", world.streams)
-    index = {
-        "version": WORLD_VERSION,
-        "config": asdict(world.config),
-        "domains": {d.name: {"client_domain": d.client_domain, "kind": d.kind,
-                             "attributes": {a.name: {"values": list(a.values),
-                                                     "closed": a.closed,
-                                                     "question": a.question}
-                                            for a in d.attributes}} for d in world.domains},
-        "entities": [asdict(e) for e in world.entities],
-        "facts": world.facts(),
-        "questions": world.question_facts,
-    }
-    (out / "world.json").write_text(json.dumps(index, indent=1) + "\n")
-    return out
-
-
-def read_world_index(folder: str | Path) -> dict:
-    """The ``world.json`` of a written world: config, domains, entities, facts, questions."""
-    path = Path(folder) / "world.json"
-    if not path.is_file():
-        raise PlasticError(f"{folder} is not a sandbox world folder (no world.json); create one "
-                           "with `plasticlm data world --seed S --out DIR`")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise PlasticError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-
-
-def question_meta(index: dict, role: str = "core") -> dict[tuple[str, str, int], dict]:
-    """``(subject, split, index) -> fact record`` for the MC questions of ``role``."""
-    return {(q["subject"], q["split"], q["index"]): q for q in index["questions"]
-            if q["role"] == role}
-
-
-def closed_value_sets(index: dict) -> dict[tuple[str, str], tuple[str, ...]]:
-    """``(domain, attribute) -> legal values`` of every closed attribute of a world index
-    (:func:`read_world_index`); the legal-answer rate checks generations against these."""
-    return {(d, a): tuple(spec["values"]) for d, dom in index["domains"].items()
-            for a, spec in dom["attributes"].items() if spec.get("closed")}

@@ -13,7 +13,7 @@ from plasticlm.models import load_causal_lm
 from plasticlm.runs import set_threads
 from plasticlm.sandbox import sandbox_model, sandbox_world
 from plasticlm.sandbox.domains import KINDS, entity_name
-from plasticlm.sandbox.world import closed_value_sets, read_world_index
+from plasticlm.sandbox.world_index import closed_value_sets, read_world_index
 from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
 from plasticlm.scol.meta import SCoLConfig
 
