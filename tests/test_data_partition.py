@@ -11,7 +11,6 @@ from plasticlm.data import (
     CLIENT_DOMAINS,
     MMLU_CLIENT_DOMAIN,
     TASKS,
-    WORLD_CLIENT_DOMAIN,
     load_mmlu,
     mmlu_subjects,
     partition_by_domain,
@@ -19,6 +18,7 @@ from plasticlm.data import (
     partition_dirichlet,
 )
 from plasticlm.errors import PlasticError
+from plasticlm.sandbox import WORLD_CLIENT_DOMAIN
 
 
 def test_mapping_covers_the_real_57_subjects(shared_data):
