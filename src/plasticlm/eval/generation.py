@@ -14,11 +14,13 @@ from plasticlm.eval.scoring import model_device
 
 @torch.no_grad()
 def generate_texts(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 32,
-                   batch_size: int = 8, stop: Sequence[str] = (), progress: bool = False
-                   ) -> list[str]:
+                   batch_size: int = 8, stop: Sequence[str] = (), progress: bool = False,
+                   use_cache: bool = True) -> list[str]:
     """Greedy continuations of ``prompts`` (each encoded with one BOS), cut at any ``stop``.
 
     Prompts are left-padded so that every row's new tokens start at the same column.
+    ``use_cache=False`` reruns the whole sequence per token, for models whose extra state
+    (e.g. a memory) a KV cache does not carry.
     """
     if max_new_tokens < 1:
         raise PlasticError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
@@ -33,7 +35,7 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], max_new_tokens: int
         ids, mask = pad_batch([encoded[i] for i in idx], pad, side="left")
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad, eos_token_id=eos)
+                             pad_token_id=pad, eos_token_id=eos, use_cache=use_cache)
         for row, i in enumerate(idx):
             new = out[row, ids.shape[1]:].tolist()
             if eos is not None and eos in new:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from plasticlm.data.jsonl import read_jsonl
 from plasticlm.errors import PlasticError
 from plasticlm.runs import write_text_atomic
 
@@ -65,7 +66,7 @@ class Checkpointer:
     def records(self) -> list[dict]:
         if not self.metrics.exists():
             return []
-        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line]
+        return [obj for _, obj in read_jsonl(self.metrics, "metrics")]
 
 
 def save_client_state(folder: Path, round_: int, state: dict[str, torch.Tensor]) -> None:

@@ -36,6 +36,7 @@ from plasticlm.eval import (
     closed_set_accuracy,
     encode_pair,
     evaluate_mc_items,
+    generate_texts,
     qa_continuation,
     qa_prompt,
 )
@@ -113,22 +114,11 @@ class NIAHTask(ClientTask):
         return total / len(self.test)
 
 
-@torch.no_grad()
 def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     """Greedy continuation up to a newline, by full forward passes (no KV cache), so that
     it works for any model, memory-augmented ones included."""
-    from plasticlm.eval import encode_with_bos
-
-    ids = encode_with_bos(tokenizer, prompt)
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        nxt = int(model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
-        if nxt == tokenizer.eos_token_id:
-            break
-        out.append(nxt)
-        if "\n" in tokenizer.decode(out[-1:]):
-            break
-    return tokenizer.decode(out, skip_special_tokens=True).split("\n")[0]
+    return generate_texts(model, tokenizer, [prompt], max_new_tokens, batch_size=1,
+                          stop=("\n",), use_cache=False)[0]
 
 
 def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_client: int = 48,

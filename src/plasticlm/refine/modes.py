@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval import generate_texts
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import (
     BYTES_PER_ELEMENT_ON_WIRE,
@@ -134,19 +135,14 @@ class FedRefine:
         if mode not in MODES:
             raise PlasticError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         links = self._links_for(mode, n_transmitters)
-        if mode == "co-c2c":
-            prep = self.co_prepare(prompt)[0]
-        elif mode == "alone":
-            prep = self._alone(prompt)
-        elif mode == "t2t":
-            prep = self._t2t(prompt, links)
-        else:
-            prep = self._fused(prompt, links)
-        return prep
+        by_mode = {"alone": lambda: self._alone(prompt),
+                   "t2t": lambda: self._t2t(prompt, links),
+                   "c2c": lambda: self._fused(prompt, links),
+                   "multi": lambda: self._fused(prompt, links),
+                   "co-c2c": lambda: self.co_prepare(prompt)[0]}
+        return by_mode[mode]()
 
     def _t2t(self, prompt: str, links: list[Link]) -> Prepared:
-        from plasticlm.eval import generate_texts
-
         text = self._transmit_text(prompt)
         backgrounds = [generate_texts(link.peer.model, link.peer.tokenizer, [text],
                                       self.config.t2t_max_new_tokens, stop=("\n",))[0]

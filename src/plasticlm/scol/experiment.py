@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,47 +47,64 @@ from plasticlm.scol.setup import (
 )
 
 
+def _consolidating(selection: str, policy: str | None = None, layers=None) -> Callable:
+    """A method that commits a LoRA update per context with a layer-selection rule, starting
+    from a meta-trained ``policy`` (None: the untouched model); ``layers(base, policies)``
+    gives a fixed rule's layers."""
+    def run(name, mat, base, policies, tokenizer, stream, cfg, replay):
+        start = policies.get(policy, base) if policy else base
+        _, records, _ = consolidate_stream(
+            copy.deepcopy(start), tokenizer, stream, copy.deepcopy(cfg.scol), selection,
+            on_commit=lambda t, model: mat.add_row(model, tokenizer, t), desc=name,
+            layers=layers(base, policies) if layers else None, replay=replay)
+        return records
+    return run
+
+
+def _batch_ttt(name, mat, base, policies, tokenizer, stream, cfg, replay):
+    trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
+    # One training run on all contexts: only the last row exists; the diagonal of a single
+    # row is its last entry, so immediate is reported from the same run.
+    mat.add_row(trained, tokenizer, len(stream) - 1)
+    mat.em = [mat.em[0][: i + 1] for i in range(len(stream) - 1)] + mat.em
+    mat.f1 = [mat.f1[0][: i + 1] for i in range(len(stream) - 1)] + mat.f1
+    if mat.swap_last:
+        mat.swap_diag = list(mat.swap_last)
+
+
+def _prompting(name, mat, base, policies, tokenizer, stream, cfg, replay):
+    for t in range(len(stream)):
+        mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
+                                                          cfg.prompt_tokens))
+
+
+def _summarisation(name, mat, base, policies, tokenizer, stream, cfg, replay):
+    for t, note in enumerate(running_summaries(base, tokenizer, stream)):
+        mat.add_row(base, tokenizer, t, note + "\n" if note else "")
+
+
+# Each method fills an accuracy matrix over the evaluation stream; those that commit
+# updates return their step records. The names are setup.METHODS, labels report.LABELS.
+RUNNERS: dict[str, Callable] = {
+    "scol": _consolidating("greedy", "scol"),
+    "untrained_policy": _consolidating("greedy"),
+    "fixed_last": _consolidating("fixed", layers=lambda base, p: (num_layers_of(base) - 1,)),
+    "fixed_best": _consolidating("fixed", layers=lambda base, p: (p.get("best_layer", 0),)),
+    "scol_random": _consolidating("random", "scol"),
+    "scol_lambda0": _consolidating("greedy", "scol_lambda0"),
+    "sequential_ft": _consolidating("all"),
+    "batch_ttt": _batch_ttt,
+    "prompting": _prompting,
+    "summarisation": _summarisation,
+}
+
+
 def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
                      cfg: ExperimentConfig, replay=None) -> tuple[AccuracyMatrix, list | None]:
-    mat = AccuracyMatrix(stream)
-    lora_only = copy.deepcopy(cfg.scol)
-
-    def on_commit(t: int, model) -> None:
-        mat.add_row(model, tokenizer, t)
-
-    records = None
-    if name in ("scol", "scol_lambda0", "scol_random", "sequential_ft", "untrained_policy",
-                "fixed_last", "fixed_best"):
-        start = policies.get("scol_lambda0" if name == "scol_lambda0" else "scol", base)
-        if name in ("sequential_ft", "untrained_policy", "fixed_last", "fixed_best"):
-            start = base
-        selection = {"scol": "greedy", "scol_lambda0": "greedy", "scol_random": "random",
-                     "sequential_ft": "all", "untrained_policy": "greedy",
-                     "fixed_last": "fixed", "fixed_best": "fixed"}[name]
-        layers = {"fixed_last": (num_layers_of(base) - 1,),
-                  "fixed_best": (policies.get("best_layer", 0),)}.get(name)
-        _, records, _ = consolidate_stream(copy.deepcopy(start), tokenizer, stream, lora_only,
-                                           selection, on_commit=on_commit, desc=name,
-                                           layers=layers, replay=replay)
-    elif name == "batch_ttt":
-        trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
-        # One training run on all contexts: only the last row exists; the diagonal of a
-        # single row is its last entry, so immediate is reported from the same run.
-        mat.add_row(trained, tokenizer, len(stream) - 1)
-        mat.em = [mat.em[0][: i + 1] for i in range(len(stream) - 1)] + mat.em
-        mat.f1 = [mat.f1[0][: i + 1] for i in range(len(stream) - 1)] + mat.f1
-        if mat.swap_last:
-            mat.swap_diag = list(mat.swap_last)
-    elif name == "prompting":
-        for t in range(len(stream)):
-            mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
-                                                              cfg.prompt_tokens))
-    elif name == "summarisation":
-        notes = running_summaries(base, tokenizer, stream)
-        for t, note in enumerate(notes):
-            mat.add_row(base, tokenizer, t, note + "\n" if note else "")
-    else:
+    if name not in RUNNERS:
         raise PlasticError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    mat = AccuracyMatrix(stream)
+    records = RUNNERS[name](name, mat, base, policies, tokenizer, stream, cfg, replay)
     return mat, records
 
 

@@ -3,7 +3,6 @@ its controls, the accuracy matrices, the layer histogram and the Fisher plot."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from plasticlm.data.jsonl import read_jsonl  # noqa: E402
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci  # noqa: E402
 
 # What each method is, as the tables name it (batch TTT trains once on the whole stream:
@@ -129,9 +129,8 @@ def seeds_markdown(report: dict) -> str:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x]
+    """The records of a ``metrics.jsonl`` (none when it does not exist)."""
+    return [obj for _, obj in read_jsonl(path, "metrics")] if path.exists() else []
 
 
 def _pct(x) -> str:
