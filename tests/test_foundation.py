@@ -10,15 +10,17 @@ import pytest
 import torch
 
 from plasticlm.cli import COMMANDS, build_parser, main
-from plasticlm.config import load_config, parse_value
+from plasticlm.config import field_docs, load_config, parse_value, preset_path
 from plasticlm.errors import PlasticError
 from plasticlm.runs import THREADS_ENV, RunDir, cache_home, seed_everything, set_threads, threads
 
 
 @dataclasses.dataclass
 class Train:
+    # how fast
     lr: float = 1e-3
-    steps: int = 10
+    steps: int = 10   # optimiser steps,
+                      # counted per client
 
 
 @dataclasses.dataclass
@@ -47,6 +49,35 @@ def test_config_errors_name_the_problem(tmp_path):
     bad.write_text("name = \n")
     with pytest.raises(PlasticError, match="bad.toml"):
         load_config(Cfg, bad)
+
+
+def test_presets_then_file_then_overrides(tmp_path):
+    preset = tmp_path / "quick.toml"
+    preset.write_text('name = "quick"\n[train]\nsteps = 2\nlr = 0.5\n')
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[train]\nsteps = 3\n")
+    cfg = load_config(Cfg, mine, ["train.lr=0.25"], preset=preset)
+    assert cfg == Cfg(name="quick", train=Train(lr=0.25, steps=3))
+    with pytest.raises(PlasticError, match="known: experiment-quick, quick"):
+        preset_path("fednl", "nope")
+    for method, name in (("fednl", "quick"), ("fednl", "experiment-quick"),
+                         ("refine", "transfer-quick"), ("scol", "quick")):
+        assert preset_path(method, name).is_file()
+
+
+def test_field_help_comes_from_the_comment_beside_the_field():
+    docs = {k: (d, h) for k, d, h in field_docs(Cfg)}
+    assert docs["train.steps"] == (10, "optimiser steps, counted per client")
+    assert docs["train.lr"] == (1e-3, "how fast")
+    assert docs["name"] == ("x", "")
+
+
+def test_config_help_lists_every_key(capsys):
+    with pytest.raises(SystemExit):
+        main(["refine", "experiment", "--help"])
+    out = capsys.readouterr().out
+    assert "TransferConfig keys" in out and "teach_replay" in out and "fuser.hidden" in out
+    assert "blocks of the world's general corpus replayed per step" in out
 
 
 def test_parse_value():
@@ -147,6 +178,6 @@ def test_version_and_log_level(capsys):
     assert f"plasticlm {__version__}" in out and "torch" in out and "flwr" in out
     with pytest.raises(SystemExit):
         main(["--log-level", "LOUD", "data", "--help"])
-    assert main(["--log-level", "DEBUG", "refine", "experiment", "nonsense"]) == 2
+    assert main(["--log-level", "DEBUG", "refine", "experiment", "--set", "nonsense"]) == 2
     assert logging.getLogger("plasticlm").level == logging.DEBUG
     logging.getLogger("plasticlm").setLevel(logging.WARNING)

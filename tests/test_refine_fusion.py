@@ -223,8 +223,8 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
 
     assert entity_of("Which organ does Quinemab act on?") == "Quinemab"
     out = tmp_path / "transfer"
-    assert main(["refine", "experiment", "transfer", "--quick", f"out={out}",
-                 "progress=false"]) == 0
+    assert main(["refine", "experiment", "transfer", "--quick", "--set", f"out={out}",
+                 "--set", "progress=false"]) == 0
     report = json.loads((out / "report.json").read_text())
     rows = report["results"]
     for row in ("c2c, general fuser", "c2c, task fuser", "c2c, task fuser, fuse_last", "t2t",
@@ -247,8 +247,8 @@ def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, c
     assert report["probe_gate"]["rows"] and "Probe gate" in capsys.readouterr().out
     # a rerun with one more seed trains only the new seed's fusers
     trained = len((out / "metrics.jsonl").read_text().splitlines())
-    assert main(["refine", "experiment", "transfer", "--quick", f"out={out}", "seeds=2",
-                 "rows=[\"general\"]", "progress=false"]) == 0
+    assert main(["refine", "experiment", "transfer", "--quick", "--set", f"out={out}", "--set",
+                 "seeds=2", "--set", "rows=[\"general\"]", "--set", "progress=false"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == trained + 2
     again = json.loads((out / "report.json").read_text())["results"]
     assert again["c2c, general fuser, specialist"]["seeds"] == 2

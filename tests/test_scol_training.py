@@ -226,8 +226,8 @@ def test_cli_squad_experiment_quick(tiny, tmp_path):
     scol.register(parser.add_subparsers(dest="command"))
     out = tmp_path / "exp"
     args = parser.parse_args(["scol", "experiment", "squad", "--quick", "--no-progress",
-                              "--model", str(folder / "model"), "--squad",
-                              str(folder / "squad.json"), "--out", str(out),
+                              "--set", f"model={folder / 'model'}", "--set",
+                              f"squad={folder / 'squad.json'}", "--out", str(out),
                               "--set", "scol.reward=intrinsic"])
     assert args.func(args) == 0
     seed = json.loads((out / "seed-0" / "report.json").read_text())
@@ -253,8 +253,8 @@ def test_cli_train_resume_then_run(tiny, tmp_path):
     _, _, _, folder = tiny
     parser = argparse.ArgumentParser()
     scol.register(parser.add_subparsers(dest="command"))
-    common = ["--quick", "--no-progress", "--model", str(folder / "model"), "--squad",
-              str(folder / "squad.json"), "--set", "scol.reward=intrinsic"]
+    common = ["--quick", "--no-progress", "--set", f"model={folder / 'model'}", "--set",
+              f"squad={folder / 'squad.json'}", "--set", "scol.reward=intrinsic"]
     train_out = tmp_path / "train"
     args = parser.parse_args(["scol", "train", *common, "--out", str(train_out)])
     assert args.func(args) == 0

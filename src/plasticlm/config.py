@@ -1,15 +1,23 @@
-"""Configuration as dataclasses: loaded from TOML/YAML/JSON, overridden by ``key=value``.
+"""Configuration as dataclasses: defaults, then a preset file, then the user's TOML/YAML/JSON
+file, then ``key=value`` overrides (the one grammar of every command: ``--config FILE --set
+key=value``).
 
 >>> cfg = load_config(MyConfig, "run.toml", ["train.lr=1e-3", "rounds=5"])  # doctest: +SKIP
 
 Nested dataclasses are addressed with dots. Values given on the command line are parsed
-as TOML literals when they can be (numbers, booleans, lists), else kept as strings.
+as TOML literals when they can be (numbers, booleans, lists), else kept as strings. Presets
+are files in ``plasticlm/configs/<method>/<name>.toml`` (:func:`preset_path`); the help of a
+field is the comment beside it in its dataclass (:func:`field_docs`).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import io
 import json
+import tokenize
 import tomllib
 import typing
 from pathlib import Path
@@ -81,9 +89,35 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     return cls(**kwargs)
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
-    """Defaults of ``cls``, updated by the file at ``path``, then by ``key=value`` overrides."""
-    data = read_config_file(path) if path else {}
+PRESETS_DIR = Path(__file__).parent / "configs"
+
+
+def preset_path(method: str, name: str) -> Path:
+    """The packaged preset ``configs/<method>/<name>.toml``."""
+    path = PRESETS_DIR / method / f"{name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (PRESETS_DIR / method).glob("*.toml"))
+        raise PlasticError(f"no preset {name!r} for {method}; known: {', '.join(known) or 'none'}")
+    return path
+
+
+def _merge(into: dict, new: dict) -> dict:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+    return into
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = (),
+                preset: str | Path | None = None) -> T:
+    """Defaults of ``cls``, updated by the ``preset`` file, then the file at ``path``, then
+    ``key=value`` overrides."""
+    data: dict = {}
+    for file in (preset, path):
+        if file:
+            _merge(data, read_config_file(file))
     for item in overrides:
         if "=" not in item:
             raise PlasticError(f"override {item!r} is not of the form key=value")
@@ -94,3 +128,50 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def field_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """``(dotted key, default, help)`` of every field of dataclass ``cls`` (nested ones
+    flattened); the help is the comment written beside the field in the class body."""
+    comments: dict[int, tuple[int, str]] = {}   # line -> (column, text)
+    try:
+        source = inspect.getsource(cls)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = (tok.start[1], tok.string.lstrip("#").strip())
+        body = ast.parse(source).body[0].body
+    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+        body = []
+    helps: dict[str, str] = {}
+    code_lines = {n for node in body for n in range(node.lineno, node.end_lineno + 1)}
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            lead, n = [], node.lineno - 1        # comment lines just above, at the field's column
+            while n in comments and comments[n][0] == node.col_offset:
+                lead.insert(0, comments[n][1])
+                n -= 1
+            trail, n = [], node.end_lineno       # beside it, and continued below, indented
+            while n in comments and (n == node.end_lineno or (
+                    n not in code_lines and comments[n][0] > node.col_offset)):
+                trail.append(comments[n][1])
+                n += 1
+            helps[node.target.id] = " ".join(lead + trail)
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if dataclasses.is_dataclass(hint):
+            out += field_docs(hint, f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, default, helps.get(f.name, "")))
+    return out
+
+
+def describe(cls: type) -> str:
+    """The ``--set`` keys of ``cls`` with defaults and help, one per line (for ``--help``)."""
+    rows = field_docs(cls)
+    width = max((len(k) for k, _, _ in rows), default=0)
+    return "\n".join(f"  {k:<{width}}  {json.dumps(d) if not isinstance(d, str) else repr(d)}"
+                     + (f"  {h}" if h else "") for k, d, h in rows)

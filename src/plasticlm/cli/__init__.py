@@ -52,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         # per update (tqdm reads TQDM_* defaults from the environment)
         os.environ.setdefault("TQDM_MININTERVAL", "30")
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # key=value overrides may also follow an option (`experiment transfer --quick seeds=1`),
-    # which argparse cannot give to a positional list it has already closed
-    if extra and isinstance(getattr(args, "overrides", None), list) \
-            and all("=" in x and not x.startswith("-") for x in extra):
-        args.overrides += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("plasticlm").setLevel(args.log_level)
     try:

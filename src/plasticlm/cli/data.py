@@ -7,6 +7,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from plasticlm.cli.options import add_config_options, load_from_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="sandbox world, NIAH samples, inspect data files",
@@ -19,9 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "real dataset formats under --out.")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", required=True)
-    q.add_argument("--config", default=None, help="TOML/YAML/JSON file of WorldConfig fields")
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a WorldConfig field, e.g. core_per_domain=100 (repeatable)")
+    add_config_options(q, "plasticlm.sandbox.world:WorldConfig")
     q.set_defaults(func=_world)
 
     q = dsub.add_parser("niah", help="write RULER-style needle-in-a-haystack samples (JSONL)",
@@ -50,12 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _world(args) -> int:
-    from plasticlm.config import load_config
     from plasticlm.sandbox.tasks import write_world_tasks
     from plasticlm.sandbox.world import WorldConfig, generate_world
     from plasticlm.sandbox.world_index import write_world
 
-    cfg = load_config(WorldConfig, args.config, [f"seed={args.seed}", *args.overrides])
+    cfg = load_from_args(WorldConfig, args, [f"seed={args.seed}"])
     world = generate_world(cfg)
     out = write_world(world, args.out)
     write_world_tasks(world, out, seed=cfg.seed)

@@ -121,13 +121,12 @@ def _scol(run, preset: str, quick: bool) -> None:
     from plasticlm.scol.setup import ExperimentConfig, quick_config
 
     print("== 6. SCoL: a stream of passages consolidated into the weights ==")
-    cfg = quick_config() if quick else ExperimentConfig(train_streams=2, stream_length=4,
-                                                        eval_length=8)
-    cfg.preset = preset
-    cfg.seeds = 1
-    cfg.methods = ("scol", "untrained_policy", "sequential_ft", "prompting")
-    if not quick:
-        cfg.scol.outer_steps = 2
+    base = quick_config() if quick else ExperimentConfig(train_streams=2, stream_length=4,
+                                                         eval_length=8)
+    cfg = dataclasses.replace(base, preset=preset, seeds=1,
+                              methods=("scol", "untrained_policy", "sequential_ft", "prompting"),
+                              scol=base.scol if quick else dataclasses.replace(base.scol,
+                                                                               outer_steps=2))
     report = run_squad(cfg, run.path / "scol", progress=not quick)
     print((run.path / "scol" / "report.md").read_text())
     run.log(stage="scol", methods=sorted(report["summary"]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from plasticlm.cli.options import add_config_options, load_from_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fednl", help="federated nested learning on Flower (and its baselines)",
@@ -37,37 +39,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "A re-run continues from the finished (variant, seed) pairs.")
     q.add_argument("name", choices=(*EXPERIMENT_NAMES, "all"),
                    help="mmlu | niah | openbook | stream | memory | comm | all")
-    q.add_argument("--config", help="TOML/YAML/JSON file of ExperimentConfig fields")
-    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field, e.g. --set seeds=5 --set window=32")
-    q.add_argument("--quick", action="store_true",
-                   help="tiny sandbox models, one seed, one short round (smoke test)")
+    add_config_options(q, "plasticlm.fednl.variants:ExperimentConfig",
+                       quick="fednl/experiment-quick")
     q.add_argument("--table-only", action="store_true",
                    help="print the table of the seeds finished so far; run nothing")
     q.set_defaults(func=_experiment)
 
 
 def _config_args(q: argparse.ArgumentParser) -> None:
-    q.add_argument("--config", help="TOML/YAML/JSON file of FedNLConfig fields")
-    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field, e.g. --set rounds=3 --set method.name=fedprox")
-    q.add_argument("--quick", action="store_true",
-                   help="tiny sandbox models and 2 short rounds (smoke test)")
+    add_config_options(q, "plasticlm.fednl.config:FedNLConfig", quick="fednl/quick")
 
 
 EXPERIMENT_NAMES = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
-QUICK_EXPERIMENT = ["model=sandbox-quick:receiver", "data=sandbox-quick", "seeds=1", "rounds=1",
-                    "window=8", "local_steps=1", "batch_size=2", "max_train=4", "max_test=4",
-                    "niah_length=400", "memory_tokens=[512,1024]", "bucket_tokens=64"]
-QUICK = ["model=sandbox-quick:receiver", "data=sandbox-quick", "rounds=2", "max_train=16",
-         "max_test=8", "method.local_steps=2", "method.batch_size=4", "method.ala_steps=1"]
 
 
 def _load(args):
-    from plasticlm.config import load_config
     from plasticlm.fednl.config import FedNLConfig
 
-    return load_config(FedNLConfig, args.config, (QUICK if args.quick else []) + args.set)
+    return load_from_args(FedNLConfig, args)
 
 
 def _run(args) -> int:
@@ -108,15 +97,12 @@ def _compare(args) -> int:
 
 
 def _experiment(args) -> int:
-    from plasticlm.config import load_config
     from plasticlm.fednl.experiment import run_experiment, table_of_finished
     from plasticlm.fednl.variants import ExperimentConfig
 
     names = EXPERIMENT_NAMES if args.name == "all" else (args.name,)
     for name in names:
-        cfg = load_config(ExperimentConfig, args.config,
-                          (QUICK_EXPERIMENT if args.quick else []) + args.set
-                          + [f"experiment={name}"])
+        cfg = load_from_args(ExperimentConfig, args, [f"experiment={name}"])
         print(f"== fednl experiment {name} ==", flush=True)
         if args.table_only:
             print(table_of_finished(cfg))

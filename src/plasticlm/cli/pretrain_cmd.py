@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from plasticlm.config import load_config
+from plasticlm.cli.options import add_config_options, load_from_args
 from plasticlm.errors import PlasticError
 from plasticlm.runs import set_threads
 from plasticlm.sandbox import (
@@ -33,10 +33,7 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--out", default=None, help="output folder (required with --text)")
     q.add_argument("--force", action="store_true", help="retrain even when the models exist")
     q.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    q.add_argument("--config", default=None,
-                   help="TOML/YAML/JSON of TextPretrainConfig fields (with --text)")
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a TextPretrainConfig field, e.g. steps=500 (with --text)")
+    add_config_options(q, "plasticlm.sandbox.text:TextPretrainConfig")
     q.set_defaults(func=_pretrain)
 
 
@@ -48,7 +45,7 @@ def _pretrain(args) -> int:
     if args.text is not None:
         if not args.out:
             raise PlasticError("--text needs --out DIR for the trained model folder")
-        cfg = load_config(TextPretrainConfig, args.config, args.overrides)
+        cfg = load_from_args(TextPretrainConfig, args)
         report = pretrain_text(args.text, args.out, cfg)
         print(json.dumps({k: report[k] for k in ("train_seconds", "first_loss", "last_loss",
                                                  "valid_loss", "unigram_loss")}))

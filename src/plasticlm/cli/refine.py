@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from plasticlm.cli.options import add_config_options, load_from_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("refine", help="FedRefine: answer with help from other LLMs' KV caches",
@@ -23,8 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "world's specialist questions of the receiver's preset)")
     q.add_argument("--splits", default="dev,val", help="training splits, comma-separated")
     q.add_argument("--subjects", default="", help="comma-separated subjects (default all)")
-    q.add_argument("--config", help="TOML/YAML/JSON with FuserTrainConfig fields")
-    q.add_argument("overrides", nargs="*", help="key=value (rank=16 mode=prefix private=true)")
+    add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     q.set_defaults(func=_train_fuser)
 
     q = rsub.add_parser("ask", help="answer a prompt in one mode",
@@ -50,13 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "mode on MC questions; writes report.json, table.md, metrics.jsonl and "
                         "PNG plots. 'transfer': the probe gate and held-out transfer of "
                         "general and task fusers, each beside a control transmitter.")
-    q.add_argument("--config", help="TOML/YAML/JSON with ExperimentConfig (modes) or "
-                   "TransferConfig (transfer) fields")
-    q.add_argument("--quick", action="store_true", help="transfer: a smoke test on the "
-                   "quick preset in about a minute")
-    q.add_argument("overrides", nargs="*",
-                   help="[modes|transfer] then key=value, e.g. receiver=quick:receiver "
-                   "fuser.epochs=2 out=runs/x")
+    q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer"))
+    add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
+                       "plasticlm.refine.ladder:TransferConfig", quick="refine/transfer-quick")
     q.set_defaults(func=_experiment)
 
 
@@ -68,13 +65,12 @@ def _train_fuser(args) -> int:
     from dataclasses import asdict
     from pathlib import Path
 
-    from plasticlm.config import load_config
     from plasticlm.refine.examples import make_examples
     from plasticlm.refine.experiment import ExperimentConfig, load_questions
     from plasticlm.refine.peer import load_peer
     from plasticlm.refine.train import FuserTrainConfig, train_fuser
 
-    cfg = load_config(FuserTrainConfig, args.config, args.overrides)
+    cfg = load_from_args(FuserTrainConfig, args)
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
     train_q, _, prompt_fn = load_questions(ExperimentConfig(
         receiver=args.receiver, mmlu=args.mmlu, subjects=tuple(_split(args.subjects)),
@@ -131,34 +127,23 @@ def _ask(args) -> int:
     return 0
 
 
-QUICK_TRANSFER = ["receiver=quick:receiver", "specialist=quick:specialist",
-                  "control=quick:transmitter-llama", "general_examples=32", "seeds=1",
-                  "max_eval=12", "fuser.epochs=1", "fuser.hidden=16", "task_epochs=1",
-                  "t2t_max_new_tokens=2", "teach_steps=30", "inversion_texts=16",
-                  'parties=["quick:transmitter-llama","quick:receiver"]',
-                  "out=runs/refine-transfer-quick"]
-
-
 def _experiment(args) -> int:
-    from plasticlm.config import load_config
     from plasticlm.errors import PlasticError
-    from plasticlm.refine.experiment import ExperimentConfig, run_experiment
 
-    overrides = list(args.overrides)
-    name = overrides.pop(0) if overrides and "=" not in overrides[0] else "modes"
-    if name not in ("modes", "transfer"):
-        raise PlasticError(f"unknown refine experiment {name!r}; choose 'modes' or 'transfer'")
-    if name == "transfer":
+    if args.which == "transfer":
+        from plasticlm.refine.ladder import TransferConfig
         from plasticlm.refine.report import transfer_table
-        from plasticlm.refine.transfer import TransferConfig, run_transfer
+        from plasticlm.refine.transfer import run_transfer
 
-        cfg = load_config(TransferConfig, args.config,
-                          (QUICK_TRANSFER if args.quick else []) + overrides)
-        print(transfer_table(run_transfer(cfg)))
+        print(transfer_table(run_transfer(load_from_args(TransferConfig, args))))
         return 0
-    cfg = load_config(ExperimentConfig, args.config, overrides)
-    report = run_experiment(cfg)
+    from plasticlm.refine.experiment import ExperimentConfig, run_experiment
     from plasticlm.refine.report import markdown_table
+
+    if args.quick:
+        raise PlasticError("--quick is the transfer experiment's preset; for modes give sizes "
+                           "with --set (e.g. --set receiver=quick:receiver)")
+    report = run_experiment(load_from_args(ExperimentConfig, args))
 
     print(markdown_table(report))
     return 0

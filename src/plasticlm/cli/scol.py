@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from plasticlm.cli.options import add_config_options, load_from_args
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML/YAML/JSON file for ExperimentConfig (scol.* nested)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. scol.k=4 or eval_length=8 (repeatable)")
-    p.add_argument("--model", help="HF model folder (default: the sandbox receiver)")
-    p.add_argument("--squad", help="SQuAD v1.1 file (default: the sandbox world's passages)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
+    add_config_options(p, "plasticlm.scol.setup:ExperimentConfig", quick="scol/quick")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -55,43 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args):
-    """ExperimentConfig: defaults (or the --quick sizes), then --config, then --set."""
-    from plasticlm.config import from_dict, parse_value, read_config_file, to_dict
-    from plasticlm.errors import PlasticError
-    from plasticlm.scol.setup import ExperimentConfig, quick_config
+    """ExperimentConfig: defaults (or the --quick preset), then --config, then --set (e.g.
+    ``--set model=DIR --set squad=FILE`` for real data)."""
+    from plasticlm.scol.setup import ExperimentConfig
 
-    data = to_dict(quick_config() if args.quick else ExperimentConfig())
-    if args.config:
-        _merge(data, read_config_file(args.config))
-    for item in args.overrides:
-        if "=" not in item:
-            raise PlasticError(f"override {item!r} is not of the form key=value")
-        key, value = item.split("=", 1)
-        _merge(data, _nested(key.strip(), parse_value(value.strip())))
-    cfg = from_dict(ExperimentConfig, data)
-    if args.model:
-        cfg.model = args.model
-    if args.squad:
-        cfg.squad = args.squad
-    return cfg
-
-
-def _nested(dotted: str, value) -> dict:
-    out: dict = {}
-    node = out
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-    node[keys[-1]] = value
-    return out
-
-
-def _merge(into: dict, new: dict) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
+    return load_from_args(ExperimentConfig, args)
 
 
 def _train(args) -> int:

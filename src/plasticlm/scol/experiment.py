@@ -13,7 +13,7 @@ import copy
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from plasticlm.data.squad import load_squad
@@ -134,8 +134,8 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
     out = Path(out)
     per_seed = []
     for i in range(cfg.seeds):
-        scfg = copy.deepcopy(cfg)
-        scfg.seed, scfg.scol.seed, scfg.seeds = cfg.seed + i, cfg.scol.seed + i, 1
+        scfg = replace(cfg, seed=cfg.seed + i, seeds=1,
+                       scol=replace(cfg.scol, seed=cfg.scol.seed + i))
         folder = out / f"seed-{scfg.seed}"
         done = folder / "report.json"
         # compared as JSON: a stored config has lists where the dataclass has tuples
@@ -192,10 +192,9 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
         if not any(m in cfg.methods for m in needs if needs[m] == needs[name]):
             continue
         t = time.time()
-        mcfg = copy.deepcopy(cfg.scol)
-        mcfg.lam = needs[name]
+        mcfg = replace(cfg.scol, lam=needs[name])
         if name == "scol_lambda0" and cfg.lambda0_outer_steps >= 0:
-            mcfg.outer_steps = cfg.lambda0_outer_steps
+            mcfg = replace(mcfg, outer_steps=cfg.lambda0_outer_steps)
         policies[name] = meta_train(copy.deepcopy(base), tok, train, mcfg, out / f"meta_{name}",
                                     progress=progress, replay=replay)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from plasticlm.data.longbench import load_longbench
@@ -35,8 +35,7 @@ def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True)
     long = [it for it in items if it.length != "short"]
     if not short or not long:
         raise PlasticError("the LongBench file needs both short and medium/long items")
-    scfg = copy.deepcopy(cfg.scol)
-    scfg.reward = "intrinsic"
+    scfg = replace(cfg.scol, reward="intrinsic")
     train_streams = [chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")[: cfg.max_chunks]
                      for it in short[: max(1, len(short) // 2)]]
     eval_short = short[max(1, len(short) // 2):] or short

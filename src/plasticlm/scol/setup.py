@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plasticlm.config import load_config, preset_path
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
@@ -46,15 +47,10 @@ class ExperimentConfig:
 
 
 def quick_config() -> ExperimentConfig:
-    """Sizes for a smoke test (seconds to a minute on a tiny model); the sandbox's "quick"
-    preset unless a model and data are given."""
-    cfg = ExperimentConfig(preset="quick", train_streams=1, stream_length=2, eval_length=3,
-                           max_chunks=3, long_max_chunks=4, prompt_tokens=128, seeds=1)
-    cfg.scol.k = 2
-    cfg.scol.outer_steps = 1
-    cfg.scol.ipo_epochs = 1
-    cfg.scol.lora.steps = 2
-    return cfg
+    """Sizes for a smoke test (seconds to a minute on a tiny model): the packaged preset
+    ``configs/scol/quick.toml`` on the sandbox's "quick" models unless a model and data are
+    given."""
+    return load_config(ExperimentConfig, preset=preset_path("scol", "quick"))
 
 
 def resolve_model(cfg: ExperimentConfig) -> Path:

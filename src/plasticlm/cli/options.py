@@ -1,0 +1,57 @@
+"""The one way every command takes its configuration: ``--config FILE``, ``--set KEY=VALUE``
+(repeatable) and, where a packaged preset exists, ``--quick``; ``--help`` lists the keys."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the key list's layout, and builds it only when help is shown (a callable
+    epilog), so that plain commands do not import every method to start."""
+
+    def add_text(self, text):
+        super().add_text(text() if callable(text) else text)
+
+
+def config_keys(*targets: str) -> Callable[[], str]:
+    """An epilog listing the ``--set`` keys of each ``"module:Class"`` in ``targets``."""
+    def text() -> str:
+        from plasticlm.config import describe
+
+        parts = []
+        for target in targets:
+            module, name = target.split(":")
+            cls = getattr(importlib.import_module(module), name)
+            parts.append(f"{name} keys (--set KEY=VALUE), with defaults:\n{describe(cls)}")
+        return "\n\n".join(parts)
+    return text
+
+
+def add_config_options(p: argparse.ArgumentParser, *targets: str,
+                       quick: str | None = None) -> None:
+    """``--config``, ``--set`` (into ``args.overrides``) and, with ``quick`` (a packaged preset
+    ``METHOD/NAME``), ``--quick``; the key list of ``targets`` goes into ``--help``."""
+    names = " or ".join(t.split(":")[1] for t in targets)
+    p.formatter_class = HelpFormatter
+    p.epilog = config_keys(*targets)
+    p.add_argument("--config", metavar="FILE", help=f"TOML/YAML/JSON file of {names} fields")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field, dotted for nested ones (repeatable; keys below)")
+    if quick:
+        p.add_argument("--quick", action="store_true",
+                       help=f"start from the packaged preset configs/{quick}.toml (a smoke test)")
+        p.set_defaults(quick_preset=quick)
+
+
+def load_from_args(cls, args, extra: list[str] = ()):
+    """``cls`` from its defaults, the ``--quick`` preset, ``--config`` and ``--set`` (then
+    ``extra`` overrides the command itself adds)."""
+    from plasticlm.config import load_config, preset_path
+
+    preset = None
+    if getattr(args, "quick", False):
+        preset = preset_path(*args.quick_preset.split("/"))
+    return load_config(cls, args.config, [*args.overrides, *extra], preset=preset)
