@@ -23,6 +23,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from plasticlm.errors import PlasticError
 
 T = TypeVar("T")
@@ -38,8 +40,6 @@ def read_config_file(path: str | Path) -> dict:
         if path.suffix == ".toml":
             return tomllib.loads(text)
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
             return yaml.safe_load(text) or {}
         if path.suffix == ".json":
             return json.loads(text)

@@ -17,6 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from plasticlm.errors import PlasticError
 from plasticlm.runs import THREADS_ENV
 
@@ -26,11 +31,6 @@ APP_DIR = Path(__file__).parent / "flower_app"
 def make_certificates(out: str | Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
                       ) -> dict[str, Path]:
     """A throw-away CA and a server certificate for ``hosts``: ca.crt, server.pem, server.key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)

@@ -26,8 +26,6 @@ import json
 import time
 from pathlib import Path
 
-import matplotlib
-
 from plasticlm.errors import PlasticError
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci, seed_ci, verdict
 from plasticlm.fednl.comm import run_comm_experiment
@@ -42,9 +40,7 @@ from plasticlm.fednl.variants import (
     trained_model,
     variants,
 )
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from plasticlm.plotting import plt
 
 
 def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: bool) -> dict:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from plasticlm.plotting import plt
+
 # The FedNL paper's reported figures (Qwen2.5-1.5B, non-IID MMLU, 5 domain clients). Its
 # 22.5 MB is FedAvg's trainable adapter, not the whole model (a 1.5B model is >= 3 GB):
 # 87x FedNL's 0.26 MB by its own figures, though its text says "about 350x".
@@ -44,10 +46,6 @@ def summarise(cfg, records: list[dict], theta: dict[str, torch.Tensor]) -> dict:
 
 def plot_run(records: list[dict], run_dir: Path) -> None:
     """accuracy.png (federated accuracy per round per domain) and bytes.png (MB per round)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rounds = [r["round"] for r in records]
     domains = sorted({c["domain"] for r in records for c in r["clients"].values()})

@@ -9,9 +9,17 @@ import shutil
 import sys
 from pathlib import Path
 
+from flwr.simulation import run_simulation
+from safetensors.torch import load_file
+
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.checkpoint import Checkpointer
+from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import METHODS, check_method, gate_check
+from plasticlm.fednl.report import plot_run, summarise
+from plasticlm.fednl.server_app import make_server_app
+from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import THREADS_ENV
 
@@ -35,12 +43,6 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     client's local and federated accuracy), the last round's theta, the final theta as an
     adapter folder, summary.json and plots. Returns the run folder.
     """
-    from flwr.simulation import run_simulation
-
-    from plasticlm.fednl.client_app import client_app
-    from plasticlm.fednl.server_app import make_server_app
-    from plasticlm.fednl.setup import initial_theta, tasks_for
-
     check_method(cfg.method.name)
     if cfg.local_eval not in ("every", "last"):
         raise PlasticError(f"local_eval must be 'every' or 'last', not {cfg.local_eval!r}")
@@ -81,7 +83,6 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
             os.environ.pop(THREADS_ENV, None)
         else:
             os.environ[THREADS_ENV] = previous
-    from plasticlm.fednl.checkpoint import Checkpointer
 
     done = Checkpointer(run_dir, cfg).committed_round()
     if done < cfg.rounds:
@@ -93,12 +94,6 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
 
 def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
     """Final theta as an adapter folder, summary.json and plots."""
-    from safetensors.torch import load_file
-
-    from plasticlm.fednl.checkpoint import Checkpointer
-    from plasticlm.fednl.report import plot_run, summarise
-    from plasticlm.fednl.setup import build_model
-
     ck = Checkpointer(run_dir, cfg)
     theta = load_file(str(run_dir / f"round_{ck.committed_round():04d}" / "theta.safetensors"))
     model, tokenizer = build_model(cfg)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 
 import torch
+from transformers import AutoTokenizer
 
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.task import ClientTask, client_tasks, openbook_tasks
+from plasticlm.fednl.task import ClientTask, client_tasks, niah_tasks, openbook_tasks
 from plasticlm.fednl.theta import get_theta
+from plasticlm.models import load_causal_lm
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 
 
@@ -17,10 +19,6 @@ from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
     cfg = FedNLConfig.from_json(cfg_json)
     if cfg.split == "niah":
-        from transformers import AutoTokenizer
-
-        from plasticlm.fednl.task import niah_tasks
-
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
         return tuple(niah_tasks(resolve_data_spec(cfg.data), tokenizer, cfg.niah_length,
                                 cfg.max_train, cfg.max_test, cfg.seed))
@@ -39,8 +37,6 @@ def tasks_for(cfg: FedNLConfig) -> tuple[ClientTask, ...]:
 def build_model(cfg: FedNLConfig):
     """(model with exactly theta trainable, tokenizer); theta's initial value depends only on
     ``cfg.seed``, so the server and every client start from the same theta."""
-    from plasticlm.models import load_causal_lm
-
     model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model), dtype=torch.float32)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)

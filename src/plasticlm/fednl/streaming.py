@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-import matplotlib
 import torch
 from transformers import DynamicCache
 
@@ -26,11 +25,9 @@ from plasticlm.fednl.variants import (
     variants,
 )
 from plasticlm.memory import MemoryStream
+from plasticlm.plotting import plt
 from plasticlm.sandbox import resolve_data_spec
 from plasticlm.sandbox.tasks import load_client_streams
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 
 def stream_ce(model, tok, segments, bucket: int, window: int) -> list[float]:

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 from plasticlm.data import partition
+from plasticlm.data.corpus import load_haystack, load_text_corpus
 from plasticlm.data.mmlu import load_mmlu
-from plasticlm.data.niah import score
+from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences, score
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
@@ -125,9 +126,6 @@ def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_clien
                test_per_client: int = 12, seed: int = 0) -> list[NIAHTask]:
     """Seven clients, one NIAH task type each, haystacks from the world corpus (or a folder
     of essays), ``length`` tokens of ``tokenizer``."""
-    from plasticlm.data.corpus import load_haystack, load_text_corpus
-    from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
-
     folder = Path(source)
     docs = (load_text_corpus(folder / "corpus" / "valid.txt") if (folder / "world.json").exists()
             else load_haystack(folder))

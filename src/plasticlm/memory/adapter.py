@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.memory.layer import MemoryAttention, MemoryConfig
 
@@ -135,8 +137,6 @@ def theta_bytes(model: nn.Module) -> int:
 
 def save_pretrained(model: nn.Module, directory: str | Path) -> int:
     """Write theta (safetensors) and its :class:`MemoryConfig` (JSON); returns theta's bytes."""
-    from safetensors.torch import save_file
-
     config = memory_config(model)
     if config is None:
         raise PlasticError("this model has no memory attached; nothing to save")
@@ -150,8 +150,6 @@ def save_pretrained(model: nn.Module, directory: str | Path) -> int:
 
 def load_theta(model: nn.Module, directory: str | Path) -> None:
     """Copy saved theta into a model that already has the same memory attached."""
-    from safetensors.torch import load_file
-
     path = Path(directory) / THETA_FILE
     if not path.exists():
         raise PlasticError(f"{path} does not exist; save theta with plasticlm.memory.save_pretrained")
@@ -169,8 +167,6 @@ def load_theta(model: nn.Module, directory: str | Path) -> None:
 
 def from_pretrained(model: nn.Module, directory: str | Path) -> nn.Module:
     """Attach memory to base ``model`` with the saved config, then load the saved theta."""
-    from plasticlm.config import from_dict
-
     path = Path(directory) / CONFIG_FILE
     if not path.exists():
         raise PlasticError(f"{path} does not exist; is {directory} a saved memory adapter?")

@@ -13,9 +13,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
 from plasticlm.errors import PlasticError
-from plasticlm.runs import set_threads
+from plasticlm.memory.adapter import attach_memory
+from plasticlm.models import build_tiny
+from plasticlm.runs import seed_everything, set_threads
 
 IGNORE = -100
 
@@ -85,9 +89,6 @@ class MQARConfig:
 def build_mqar_model(config: MQARConfig, with_memory: bool):
     """The tiny Llama, windowed everywhere; with a memory in both layers when ``with_memory``.
     Every parameter is trainable (the model learns from scratch)."""
-    from plasticlm.memory.adapter import attach_memory
-    from plasticlm.models import build_tiny
-
     model = build_tiny("llama", seed=config.seed, vocab_size=config.vocab, hidden_size=config.hidden,
                        num_layers=2, num_heads=config.heads, max_position_embeddings=4096)
     attach_memory(model, layers="all" if with_memory else [], window=config.window, rank=config.rank,
@@ -114,11 +115,6 @@ def evaluate_mqar(model, seq_len: int, num_kv: int, vocab: int, examples: int, s
 
 def train_mqar(config: MQARConfig, with_memory: bool, progress: bool = True) -> dict:
     """Train one variant; returns its curve (step, loss, acc), test accuracies and timing."""
-    import torch.nn.functional as F
-    from tqdm import tqdm
-
-    from plasticlm.runs import seed_everything
-
     seed_everything(config.seed)
     model = build_mqar_model(config, with_memory)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from plasticlm.errors import PlasticError
@@ -122,8 +123,6 @@ class MemoryStream:
 
     def save(self, path: str | Path) -> Path:
         """Write the stream state to a safetensors file."""
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, str(path))
@@ -131,8 +130,6 @@ class MemoryStream:
 
     def load(self, path: str | Path) -> None:
         """Read a state written by :meth:`save`."""
-        from safetensors.torch import load_file
-
         if not Path(path).exists():
             raise PlasticError(f"stream state {path} does not exist")
         self.load_state_dict(load_file(str(path)))

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from plasticlm.errors import PlasticError
 
@@ -51,8 +54,6 @@ def _permute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def load_llama2c_model(model_bin: str | Path):
     """Read a llama2.c v0 checkpoint into a ``LlamaForCausalLM`` (float32, eval mode)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     path = Path(model_bin)
     dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = _read_header(path)
     shared = vocab > 0
@@ -143,9 +144,6 @@ def read_llama2c_vocab(tokenizer_bin: str | Path, vocab_size: int) -> tuple[list
 
 def llama2c_tokenizer(tokenizer_bin: str | Path, vocab_size: int):
     """A Hugging Face fast tokenizer equivalent to llama2.c's encoder and decoder."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     tokens, scores = read_llama2c_vocab(tokenizer_bin, vocab_size)
     specials = {0: "<unk>", 1: "<s>", 2: "</s>"}
     pieces = [specials.get(i, t.replace(" ", SPACE)) for i, t in enumerate(tokens)]
@@ -183,8 +181,6 @@ def from_llama2c(model_bin: str | Path, tokenizer_bin: str | Path):
 
 def import_llama2c(model_bin: str | Path, tokenizer_bin: str | Path, out_dir: str | Path) -> Path:
     """Write a folder that ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained`` load."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # one shard of a 1 MB model needs no bar
     model, tokenizer = from_llama2c(model_bin, tokenizer_bin)
     out = Path(out_dir)

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from plasticlm.errors import PlasticError
 
@@ -31,9 +33,6 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     network), the error names the model and says how to provide it as a local path.
     The model is returned in eval mode on ``device`` (CPU by default).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a bar per shard of a local folder is noise
     torch_dtype = _parse_dtype(dtype)
     path = Path(name_or_path).expanduser()

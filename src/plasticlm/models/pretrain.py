@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerFast
 
 from plasticlm.models.checkpoint import (
     TrainState,
@@ -26,9 +28,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_freque
 
     Encoding adds no special tokens; :func:`pack_corpus` places BOS itself.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from plasticlm.errors import PlasticError
 
@@ -24,8 +25,6 @@ def tiny_config(
     **extra,
 ):
     """A transformers config for ``arch`` in {llama, qwen2, qwen3} with the given sizes."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
     if arch not in classes:
         raise PlasticError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
@@ -59,8 +58,6 @@ def build_tiny(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32, **s
     >>> m.config.model_type
     'qwen3'
     """
-    from transformers import AutoModelForCausalLM
-
     config = tiny_config(arch, **sizes)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval import encode_with_bos
 
 LAYER_MAPS = ("last", "depth")
 
@@ -99,8 +100,6 @@ def align_tokens(receiver_tokenizer, transmitter_tokenizer, text: str) -> TokenA
     r = _offsets(receiver_tokenizer, text)
     t = _offsets(transmitter_tokenizer, text)
     if r is None or t is None:
-        from plasticlm.eval import encode_with_bos
-
         rids = encode_with_bos(receiver_tokenizer, text)
         tids = []
         for tok in rids:

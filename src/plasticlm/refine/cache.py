@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
+from transformers import DynamicCache
 
 from plasticlm.errors import PlasticError
 
@@ -176,8 +177,6 @@ def stack_caches(caches: list[KVCache]) -> KVCache:
 
 def build_dynamic_cache(keys: list[torch.Tensor], values: list[torch.Tensor]):
     """A ``DynamicCache`` whose layer ``l`` holds ``keys[l]``/``values[l]`` [B, H, T, D]."""
-    from transformers import DynamicCache
-
     cache = DynamicCache()
     for layer, (k, v) in enumerate(zip(keys, values)):
         cache.update(k, v, layer)
@@ -196,7 +195,6 @@ def extract_cache(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise PlasticError(f"input_ids must be [batch, tokens] with tokens > 0, got "
                            f"{tuple(input_ids.shape)}")
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)

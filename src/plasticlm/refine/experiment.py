@@ -10,21 +10,25 @@ and plots into the run folder.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from plasticlm.data.mmlu import load_mmlu
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_prompt
 from plasticlm.refine.examples import make_examples
 from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.leakage import measure_leakage
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report
 from plasticlm.refine.train import FuserTrainConfig, train_fuser
+from plasticlm.runs import RunDir, seed_everything
+from plasticlm.sandbox import sandbox_world
 
 
 @dataclass
@@ -56,8 +60,6 @@ class ExperimentConfig:
 
 def sandbox_world_of(model_spec: str) -> Path:
     """The world folder of a ``sandbox:NAME`` / ``quick:NAME`` model's preset."""
-    from plasticlm.sandbox import sandbox_world
-
     preset = model_spec.split(":", 1)[0]
     if preset not in ("sandbox", "quick"):
         raise PlasticError(f"{model_spec!r} is not a sandbox model: give sandbox:NAME or "
@@ -68,8 +70,6 @@ def sandbox_world_of(model_spec: str) -> Path:
 def load_questions(cfg: ExperimentConfig):
     """(train questions, eval questions, prompt function): the prompt function is the one QA
     template, :func:`plasticlm.eval.qa_prompt`, for the sandbox and for real MMLU alike."""
-    from plasticlm.data.mmlu import load_mmlu
-
     folder = Path(cfg.mmlu) if cfg.mmlu else sandbox_world_of(cfg.receiver) / "specialist_mmlu"
     subjects = list(cfg.subjects) or None
     train = [q for s in cfg.train_splits for q in load_mmlu(folder, s, subjects)]
@@ -94,10 +94,6 @@ def _fuser(run: Path, name: str, reuse: Path | None, make) -> Fuser:
 
 def run_experiment(cfg: ExperimentConfig) -> dict:
     """Train the fusers, evaluate every mode, write the report; returns it."""
-    from dataclasses import replace
-
-    from plasticlm.runs import RunDir, seed_everything
-
     seed_everything(cfg.seed)
     torch.set_grad_enabled(True)
     run = RunDir(Path(cfg.out) if cfg.out else Path("runs") / f"refine-{int(time.time())}")
@@ -229,10 +225,6 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
 
 
 def _leakage(peer: Peer, prompts: list[str], fuser: Fuser) -> dict:
-    from dataclasses import asdict
-
-    from plasticlm.refine.leakage import measure_leakage
-
     layer = min(fuser.transmitter_layers_read)
     rephrased = [rephrase(p)[0] for p in prompts]
     return asdict(measure_leakage(peer.model, peer.tokenizer, prompts, rephrased, layer))

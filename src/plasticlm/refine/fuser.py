@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from plasticlm.errors import PlasticError
@@ -239,8 +240,6 @@ class Fuser(nn.Module):
 
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write ``fuser_config.json`` and ``fuser.safetensors`` into ``folder``."""
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
@@ -251,8 +250,6 @@ class Fuser(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> Fuser:
         """Load a fuser written by :meth:`save_pretrained`."""
-        from safetensors.torch import load_file
-
         folder = Path(folder)
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "

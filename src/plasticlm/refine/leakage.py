@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plasticlm.eval import encode_with_bos
 from plasticlm.refine.align import derotate
 from plasticlm.refine.cache import KVCache, extract_cache
 
@@ -85,8 +86,6 @@ def measure_leakage(model, tokenizer, prompts: list[str], rephrased: list[str], 
                     ) -> LeakageResult:
     """Attack the transmitter's caches of ``prompts`` and of their ``rephrased`` versions;
     recall is always measured against the original prompt's tokens."""
-    from plasticlm.eval import encode_with_bos
-
     table = vocabulary_table(model, tokenizer, layer)
     skip = 1 if tokenizer.bos_token_id is not None else 0
     raw, reph, exact = [], [], []
@@ -134,8 +133,6 @@ def learned_inversion(model, tokenizer, public_texts: list[str], prompts: list[s
     ``prompts`` and of ``rephrased`` (same order). ``hidden`` > 0: an MLP decoder with one
     hidden layer of that width, else linear. Recall is always against the original prompt's
     tokens (BOS excluded). Returns one result per layer (all layers by default)."""
-    from plasticlm.eval import encode_with_bos
-
     skip = 1 if tokenizer.bos_token_id is not None else 0
     vocab = model.get_input_embeddings().weight.shape[0]
     layers = list(range(model.config.num_hidden_layers)) if layers is None else layers

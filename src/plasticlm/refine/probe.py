@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from plasticlm.eval import encode_with_bos
 from plasticlm.refine.align import derotate
 from plasticlm.refine.cache import extract_cache
 
@@ -39,8 +40,6 @@ class ProbeItem:
 @torch.no_grad()
 def cache_features(peer, prompts: list[str]) -> dict[tuple[int, str], torch.Tensor]:
     """{(layer, position): [N, 2 * kv_heads * head_dim]} features of each prompt's cache."""
-    from plasticlm.eval import encode_with_bos
-
     layout = peer.layout
     out: dict[tuple[int, str], list[torch.Tensor]] = {}
     for prompt in prompts:

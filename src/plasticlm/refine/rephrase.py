@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from plasticlm.eval import generate_texts
+
 REPHRASE_PROMPT = "Rewrite the question in other words, same meaning.\nQuestion: {text}\nRewritten:"
 
 # Whole-question patterns first (they move words around), then word synonyms.
@@ -66,8 +68,6 @@ def rule_rephrase(text: str) -> str:
 
 def lm_rephrase(model, tokenizer, text: str, max_new_tokens: int = 48) -> str | None:
     """The local LM's rewording of ``text``, or None when it fails the checks above."""
-    from plasticlm.eval import generate_texts
-
     out = generate_texts(model, tokenizer, [REPHRASE_PROMPT.format(text=text)],
                          max_new_tokens=max_new_tokens, stop=("\n",))[0].strip()
     if not out or out == text.strip() or not _names(text) <= _names(" " + out):

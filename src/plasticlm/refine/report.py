@@ -7,12 +7,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci  # noqa: E402
+from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci
+from plasticlm.plotting import plt
 
 # The paper's numbers (FedRefine, methods.md section 2), set beside ours in the report.
 PAPER = {

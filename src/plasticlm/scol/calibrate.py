@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from plasticlm.data.squad import load_squad
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -90,8 +91,6 @@ def lora_config(base: LoraTrainConfig, setting: dict) -> LoraTrainConfig:
 def evaluation_stream(cfg):
     """``(untouched model, tokenizer, evaluation stream)`` of an experiment config: the
     same stream the squad experiment evaluates on (legal value sets attached)."""
-    from plasticlm.data.squad import load_squad
-
     base, tok = load_model(cfg)
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
                                       legal_sets(cfg))

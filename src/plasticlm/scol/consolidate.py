@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
 
 from plasticlm.errors import PlasticError
 
@@ -112,8 +113,6 @@ def adapt_lora(model, layers, windows: torch.Tensor, cfg: LoraTrainConfig, seed:
     Each step uses every window, or ``rows_per_step`` random ones. ``model`` is untouched. Returns ``(merged_model, losses)``; only the chosen layers'
     target weights differ from ``model``'s.
     """
-    from peft import LoraConfig, get_peft_model
-
     layers = sorted({int(i) for i in layers})
     n = num_layers_of(model)
     if not layers or layers[0] < 0 or layers[-1] >= n:

@@ -23,6 +23,8 @@ from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_with_bos
+from plasticlm.models import load_causal_lm
+from plasticlm.runs import RunDir
 from plasticlm.scol.candidates import adapt_lora_together
 from plasticlm.scol.checkpoint import load_optimizer, save_checkpoint
 from plasticlm.scol.consolidate import (
@@ -35,7 +37,13 @@ from plasticlm.scol.consolidate import (
     with_replay,
 )
 from plasticlm.scol.contexts import Context
-from plasticlm.scol.ipo import PreferencePair, ipo_update, preference_pairs
+from plasticlm.scol.ipo import (
+    PreferencePair,
+    ipo_update,
+    pairs_from_json,
+    pairs_to_json,
+    preference_pairs,
+)
 from plasticlm.scol.policy import (
     LayerGrammar,
     action_prompt,
@@ -250,10 +258,6 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     theta_0, optimiser, buffer and step, ``out/reference`` the fixed reference; ``resume``
     continues from them. Metrics go to ``out/metrics.jsonl``. Returns the trained policy.
     """
-    from plasticlm.models import load_causal_lm
-    from plasticlm.runs import RunDir
-    from plasticlm.scol.ipo import pairs_from_json, pairs_to_json
-
     if not streams:
         raise PlasticError("meta-training needs at least one stream of contexts")
     run = RunDir(Path(out))

@@ -6,14 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from plasticlm.data.jsonl import read_jsonl  # noqa: E402
-from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci  # noqa: E402
+from plasticlm.data.jsonl import read_jsonl
+from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci
+from plasticlm.plotting import plt
 
 # What each method is, as the tables name it (batch TTT trains once on the whole stream:
 # its "immediate" is its final accuracy).
