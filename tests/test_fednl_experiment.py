@@ -140,16 +140,14 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
 
 @pytest.fixture(scope="module")
 def quick_experiment(tmp_path_factory):
-    from plasticlm.config import load_config
+    from plasticlm.config import load_config, preset_path
     from plasticlm.fednl.variants import ExperimentConfig
 
     out = tmp_path_factory.mktemp("fx")
 
     def make(name: str) -> ExperimentConfig:
-        from plasticlm.cli.fednl import QUICK_EXPERIMENT
-
-        return load_config(ExperimentConfig, None,
-                           [*QUICK_EXPERIMENT, f"out={out}", f"experiment={name}"])
+        return load_config(ExperimentConfig, None, [f"out={out}", f"experiment={name}"],
+                           preset=preset_path("fednl", "experiment-quick"))
     return make
 
 

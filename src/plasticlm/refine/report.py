@@ -10,7 +10,8 @@ from pathlib import Path
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci
 from plasticlm.plotting import plt
 
-# The paper's numbers (FedRefine, methods.md section 2), set beside ours in the report.
+# The paper's numbers (FedRefine: Federated Inference for Heterogeneous LLM Communication
+# and Collaboration), set beside ours in the report.
 PAPER = {
     "multi_all_vs_alone_pct": 21.2,
     "private_vs_nonprivate_pct": -3.0,

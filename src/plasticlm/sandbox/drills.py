@@ -126,8 +126,8 @@ def teach_facts(model, tokenizer, facts: list[tuple[str, str]], steps: int,
     ``steps`` AdamW steps on batches drawn from ``(seed, step)``, cross-entropy on the
     continuation's tokens only, so the prompts' wording is not learned as text. With
     ``replay`` (general texts), each step adds the LM loss of ``replay_batch`` blocks of
-    them: answer-only training otherwise unlearns the language (measured on the v2
-    receiver: corpus loss 0.64 -> 7.2 nats after 500 steps). Returns the losses."""
+    them: answer-only training otherwise unlearns the language (docs/sandbox.md).
+    Returns the losses."""
     if not facts:
         raise ValueError("teach_facts needs at least one (prompt, answer) pair")
     pairs = [encode_pair(tokenizer, p, a) for p, a in facts]

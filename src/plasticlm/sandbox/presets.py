@@ -67,9 +67,9 @@ class Preset:
     drill_batch_size: int = 16
     drill_lr: float = 1e-3
     # Share of drill steps that are reading drills (a made-up entity's passage, filler, a
-    # question; see sandbox.drills), and their filler in words. Off in ``sandbox``: 60 of 120
-    # steps on the drilled receiver left open-book reading at chance (29.5% vs 30.5%) and
-    # took held-out closed-book MC from 55% to 35% (the QA template came to mean "copy").
+    # question; see sandbox.drills), and their filler in words. Off in ``sandbox``: they left
+    # open-book reading at chance and cost closed-book accuracy, the QA template coming to
+    # mean "copy" (docs/sandbox.md).
     drill_reading_share: float = 0.0
     drill_reading_filler: tuple[int, int] = (0, 60)
     # Open-book probe of drilled models: the world's open-book items (40-80 filler words).

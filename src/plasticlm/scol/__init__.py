@@ -2,7 +2,7 @@
 
 policy (prompt, grammar-constrained decoding, parser), consolidate (LoRA on chosen layers,
 merge into float32 masters), rewards, ipo, meta (inner/outer loop, checkpoints), baselines,
-fisher, experiment (squad | longbench | fisher). Method section 3 of notes/methods.md.
+fisher, experiment (squad | longbench | fisher). The method of "Self-Consolidating Language Models" (SCoL).
 """
 
 from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, changed_parameters, layer_change

@@ -1,9 +1,9 @@
 """Adaptation and commit: LoRA on chosen layers learns a context, then merges into float32.
 
 Each candidate is adapted on its own copy of the running model; the winner's merged copy
-becomes the running model and the others are dropped. Copies avoid both PEFT pitfalls
-(anchors.md): a merged-in-place model that later ignores a new adapter on the same layer,
-and small deltas rounded away in low precision (the running model is kept in float32).
+becomes the running model and the others are dropped. Copies avoid two PEFT pitfalls: a
+model merged in place that later ignores a new adapter on the same layer, and small deltas
+rounded away in low precision (the running model is kept in float32).
 """
 
 from __future__ import annotations

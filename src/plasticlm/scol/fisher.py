@@ -2,7 +2,7 @@
 ``plasticlm scol experiment fisher`` (the policy's selections against it).
 
 F_l = mean over examples (the context's sentences, batch size 1) of the sum over layer l's
-parameters of the squared gradient of the example's log-likelihood (anchors.md); with
+parameters of the squared gradient of the example's log-likelihood; with
 ``normalise`` (the default) divided by layer l's parameter count, so that layers of
 different sizes compare per parameter.
 """

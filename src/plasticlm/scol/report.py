@@ -23,7 +23,8 @@ LABELS = {"scol": "SCoL (meta-trained policy, greedy)",
           "prompting": "context in the prompt", "summarisation": "running notes in the prompt"}
 
 
-PAPER = {  # methods.md section 3 (Qwen-scale models, SQuAD, 100 passages; LLM-judge accuracy)
+PAPER = {  # the SCoL paper (Self-Consolidating Language Models; Qwen-scale models, SQuAD, 100
+    # passages, LLM-judge accuracy)
     "scol": {"immediate": 0.3540, "retention": 0.2046},
     "scol_lambda0": {"immediate": 0.3430, "retention": 0.1464},
     "sequential_ft": {"retention": 0.0130},
