@@ -161,7 +161,12 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "held-out MC" in out and "| fednl |" in out and "| fedavg |" in out
     stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
-    assert stages[-5:] == ["sandbox", "memory", "fednl", "refine", "scol"]
+    assert stages[-6:] == ["sandbox", "memory", "fednl", "refine", "scol", "end"]
+    page = tmp_path / "demo" / "index.html"
+    assert f"report: {page}" in out and out.rindex("report:") > out.rindex("| fednl |")
+    html = page.read_text()
+    for part in ("sandbox.md", "memory.md", "fednl", "refine", "scol", "cpu seconds"):
+        assert part in html, part
 
 
 def test_version_and_log_level(capsys):

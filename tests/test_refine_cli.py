@@ -70,11 +70,17 @@ def test_ask_generates_and_rejects_mismatched_fusers(folders, capsys):
 
 
 def test_experiment_and_train_parse_overrides():
-    args = _parser().parse_args(["refine", "experiment", "fuser.epochs=2", "max_eval=4"])
-    assert args.overrides == ["fuser.epochs=2", "max_eval=4"]
+    args = _parser().parse_args(["refine", "experiment", "--set", "fuser.epochs=2", "--set",
+                                 "max_eval=4"])
+    assert args.overrides == ["fuser.epochs=2", "max_eval=4"] and args.which == "modes"
+    args = _parser().parse_args(["refine", "experiment", "transfer", "--quick"])
+    assert args.which == "transfer" and args.quick_preset == "refine/transfer-quick"
     args = _parser().parse_args(["refine", "train-fuser", "--receiver", "sandbox:receiver",
-                                 "--transmitter", "sandbox:specialist", "--out", "f", "rank=8"])
+                                 "--transmitter", "sandbox:specialist", "--out", "f",
+                                 "--set", "rank=8"])
     assert args.overrides == ["rank=8"] and args.splits == "dev,val"
+    with pytest.raises(SystemExit):       # one grammar: a bare key=value is not an override
+        _parser().parse_args(["refine", "experiment", "fuser.epochs=2"])
 
 
 def test_link_latency_model_by_hand():

@@ -40,6 +40,7 @@ def _stories260k(run) -> None:
                          pad_token_id=tok.pad_token_id)
     text = tok.decode(out[0], skip_special_tokens=True)
     print(f"greedy from BOS: {text!r}")
+    (run.path / "stories260k.md").write_text(f"Greedy from BOS: {text!r}\n")
     run.log(stage="stories260K", greedy=text)
 
 
@@ -50,6 +51,7 @@ def _sandbox(run, preset: str) -> None:
     ensure_sandbox_models(preset)
     report = json.loads((preset_dir(preset) / "report.json").read_text())
     print(probe_table(report))
+    (run.path / "sandbox.md").write_text(probe_table(report) + "\n")
     run.log(stage="sandbox", preset=preset, seconds=report.get("total_seconds"),
             sandbox_version=report.get("sandbox_version"))
 
@@ -73,8 +75,11 @@ def _memory(run, preset: str, tokens: int) -> None:
         stream.feed(ids[:, start:start + 1024], keep="last")
         sizes.append(stream.state_bytes())
     kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
-    print(f"stream state after each 1K tokens: {[round(s / 1024) for s in sizes]} KiB; "
-          f"a full KV cache would hold {[round(kv * (i + 1) * 1024 / 1024) for i in range(len(sizes))]} KiB")
+    table = ["| tokens read | stream state (window + memory), KiB | full KV cache, KiB |",
+             "|---|---|---|"] + [f"| {1024 * (i + 1)} | {s / 1024:.0f} | {kv * (i + 1):.0f} |"
+                                 for i, s in enumerate(sizes)]
+    print("\n".join(table))
+    (run.path / "memory.md").write_text("\n".join(table) + "\n")
     run.log(stage="memory", state_bytes=sizes, kv_bytes_per_token=kv)
 
 
@@ -98,6 +103,7 @@ def _federated(run, preset: str, quick: bool) -> None:
         folder = run_federated(cfg)
         summaries.append(json.loads((folder / "summary.json").read_text()))
     print(comparison_table(summaries))
+    (run.path / "fednl" / "table.md").write_text(comparison_table(summaries) + "\n")
     run.log(stage="fednl", summaries=summaries)
 
 
@@ -133,10 +139,18 @@ def _scol(run, preset: str, quick: bool) -> None:
 
 
 def run_demo(args) -> int:
+    import resource
     import shutil
+    import time
 
+    from plasticlm.run_report import write_report
     from plasticlm.runs import RunDir, seed_everything
 
+    def cpu() -> float:
+        return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+                   resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+
+    start, cpu0 = time.time(), cpu()
     seed_everything(0)
     shutil.rmtree(args.out, ignore_errors=True)
     run = RunDir.create("", {"quick": args.quick}, root=args.out)
@@ -147,5 +161,9 @@ def run_demo(args) -> int:
     _federated(run, preset, args.quick)
     _refine(run, preset, args.quick)
     _scol(run, preset, args.quick)
+    run.log(stage="end", wall_seconds=round(time.time() - start, 1),
+            cpu_seconds=round(cpu() - cpu0, 1))
+    page, _ = write_report(run.path)
+    print(f"\nreport: {page}  (open it in a browser; index.md beside it)")
     print(f"run folder: {run.path}")
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.run_report import write_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -108,5 +110,6 @@ def _experiment(args) -> int:
             print(table_of_finished(cfg))
             continue
         print(run_experiment(cfg)["table"], flush=True)
-        print(f"results: {cfg.out}/{name}/", flush=True)
+        print(f"results: {cfg.out}/{name}/; report: {write_report(Path(cfg.out) / name)[0]}",
+              flush=True)
     return 0

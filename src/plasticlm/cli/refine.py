@@ -6,6 +6,7 @@ import argparse
 import json
 
 from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.run_report import write_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -135,7 +136,9 @@ def _experiment(args) -> int:
         from plasticlm.refine.report import transfer_table
         from plasticlm.refine.transfer import run_transfer
 
-        print(transfer_table(run_transfer(load_from_args(TransferConfig, args))))
+        cfg = load_from_args(TransferConfig, args)
+        print(transfer_table(run_transfer(cfg)))
+        print(f"report: {write_report(cfg.out)[0]}")
         return 0
     from plasticlm.refine.experiment import ExperimentConfig, run_experiment
     from plasticlm.refine.report import markdown_table
@@ -143,7 +146,9 @@ def _experiment(args) -> int:
     if args.quick:
         raise PlasticError("--quick is the transfer experiment's preset; for modes give sizes "
                            "with --set (e.g. --set receiver=quick:receiver)")
-    report = run_experiment(load_from_args(ExperimentConfig, args))
+    cfg = load_from_args(ExperimentConfig, args)
+    report = run_experiment(cfg)
 
     print(markdown_table(report))
+    print(f"report: {write_report(report['out'])[0]}")
     return 0

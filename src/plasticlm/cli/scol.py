@@ -6,6 +6,7 @@ import argparse
 import json
 
 from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.run_report import write_report
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -143,5 +144,5 @@ def _experiment(args) -> int:
     else:
         report = run_longbench(cfg, out, progress=progress)
         print(json.dumps(report["regimes"]))
-    print(f"report in {out}")
+    print(f"report: {write_report(out)[0]}")
     return 0

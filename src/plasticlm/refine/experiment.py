@@ -213,7 +213,7 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
         ours["draft_only_c2c_vs_alone_pp"] = 100 * (results["c2c draft-only (prefix)"]
                                                     ["accuracy"] - a)
     leak = _leakage(peers[0], [prompt_fn(q.question) for q in test_q], fusers[0])
-    report = {"receiver": receiver.name, "receiver_parameters": r_params,
+    report = {"out": str(run.path), "receiver": receiver.name, "receiver_parameters": r_params,
               "transmitters": [p.name for p in peers], "n_train": len(train_q),
               "n_eval": len(test_q), "results": results, "fuser_sizes": sizes,
               "fuser_training": train_log, "ours_vs_paper": {"ours": ours, "paper": PAPER},

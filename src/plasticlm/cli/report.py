@@ -1,0 +1,24 @@
+"""``plasticlm report RUN_DIR``: a run folder as one self-contained HTML page (and Markdown)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write a run folder's tables, plots, config and "
+                       "provenance as one HTML page",
+                       description="Write RUN_DIR/index.html (self-contained: plots embedded) "
+                       "and RUN_DIR/index.md with every table and plot the run wrote, its "
+                       "config.json, the package versions, the commit and its times. The demo "
+                       "and every experiment write it themselves at the end.")
+    p.add_argument("run_dir", help="a folder a command wrote, e.g. runs/demo")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from plasticlm.run_report import write_report
+
+    page, _ = write_report(args.run_dir)
+    print(f"report: {page}")
+    return 0

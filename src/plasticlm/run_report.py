@@ -1,0 +1,220 @@
+"""A run folder as one page: ``index.html`` (self-contained: plots embedded, no network) and
+``index.md``, with every table and plot the run wrote, its configuration, the versions and
+commit it ran with, and its wall and CPU times.
+
+Works on any folder a command writes (a FedNL run or experiment, a FedRefine or SCoL
+experiment, the demo): each folder that holds tables (``*.md``), plots (``*.png``) or a
+``config.json`` becomes a section, nested folders after their parent.
+
+>>> html, md = write_report("runs/demo")          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+from plasticlm.errors import PlasticError
+from plasticlm.runs import write_text_atomic
+
+REPORT_NAMES = ("index.html", "index.md")
+PACKAGES = ("plasticlm", "torch", "transformers", "peft", "flwr")
+# Written by the page itself once the browser has loaded it: what rendered.
+_CHECK = """<script>
+window.addEventListener('load', () => {
+  const images = [...document.images];
+  const ok = images.filter(i => i.complete && i.naturalWidth > 0).length;
+  const el = document.getElementById('render-check');
+  el.dataset.tables = document.querySelectorAll('table').length;
+  el.dataset.images = images.length;
+  el.dataset.imagesRendered = ok;
+  el.textContent = `rendered: ${el.dataset.tables} tables, ${ok} of ${images.length} plots`;
+});
+</script>"""
+_STYLE = """<style>
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+section { border-top: 2px solid #ddd; margin-top: 2em; } .meta td:first-child { font-weight: 600; }
+</style>"""
+
+
+def _inline(text: str) -> str:
+    """Escape ``text`` and render Markdown's inline code and bold."""
+    out = html.escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+
+
+def markdown_to_html(text: str) -> str:
+    """The Markdown the package writes (tables, headers, lists, code, paragraphs) as HTML."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            out.append("<pre>" + html.escape("\n".join(lines[i + 1: j])) + "</pre>")
+            i = j + 1
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                if not all(re.fullmatch(r":?-{3,}:?", c) for c in cells):
+                    rows.append(cells)
+                i += 1
+            head, body = rows[0], rows[1:]
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"
+                                 for r in body) + "</table>")
+        elif m := re.match(r"(#{1,6}) (.*)", line):
+            level = min(6, len(m.group(1)) + 2)
+            out.append(f"<h{level}>{_inline(m.group(2))}</h{level}>")
+            i += 1
+        elif re.match(r"\s*[-*] ", line):
+            items = []
+            while i < len(lines) and re.match(r"\s*[-*] |\s{2,}\S", lines[i]):
+                if re.match(r"\s*[-*] ", lines[i]):
+                    items.append(re.sub(r"^\s*[-*] ", "", lines[i]))
+                else:
+                    items[-1] += " " + lines[i].strip()
+                i += 1
+            out.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in items) + "</ul>")
+        elif line.strip():
+            para = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"[|#`]|\s*[-*] ",
+                                                                      lines[i]):
+                para.append(lines[i])
+                i += 1
+            out.append(f"<p>{_inline(' '.join(para))}</p>")
+        else:
+            i += 1
+    return "\n".join(out)
+
+
+def provenance(root: Path) -> dict:
+    """Versions of the packages a run depends on, the commit of the checkout, and when."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10,
+                               cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    return {"versions": versions,
+            "commit": (commit + (" (with uncommitted changes)" if dirty else "")) or "unknown",
+            "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _times(folder: Path) -> dict:
+    """Wall and CPU seconds a run recorded: ``wall_seconds``/``cpu_seconds`` in its
+    ``metrics.jsonl``, else its reports' ``seconds`` totals and the metrics' time span."""
+    out: dict = {}
+    metrics = folder / "metrics.jsonl"
+    records = []
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    for r in records:
+        for key in ("wall_seconds", "cpu_seconds"):
+            if key in r:
+                out[key] = r[key]
+    if "wall_seconds" not in out:
+        stamps = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+        if len(stamps) > 1:
+            out["metrics_span_seconds"] = round(max(stamps) - min(stamps), 1)
+        for name in ("report.json", "summary.json", "results.json"):
+            if (folder / name).exists():
+                try:
+                    seconds = json.loads((folder / name).read_text()).get("seconds")
+                except (json.JSONDecodeError, AttributeError):
+                    continue
+                if isinstance(seconds, dict):
+                    seconds = seconds.get("total")
+                if isinstance(seconds, (int, float)):
+                    out["seconds_reported"] = seconds
+    return out
+
+
+def _sections(root: Path) -> list[Path]:
+    """Folders under ``root`` (itself first) holding tables, plots or a config."""
+    folders = [root, *sorted(p for p in root.rglob("*") if p.is_dir())]
+    keep = []
+    for f in folders:
+        inner = f.relative_to(root).parts
+        if any(x.startswith((".", "__")) or x.endswith(".partial") for x in inner):
+            continue
+        tables = [p for p in f.glob("*.md") if p.name not in REPORT_NAMES]
+        if tables or list(f.glob("*.png")) or (f / "config.json").exists():
+            keep.append(f)
+    return keep
+
+
+def write_report(run_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``index.html`` and ``index.md`` into ``run_dir``; returns their paths."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise PlasticError(f"{root} is not a run folder; give the folder a command wrote "
+                           "(e.g. runs/demo)")
+    folders = _sections(root)
+    if not folders:
+        raise PlasticError(f"{root} holds no tables, plots or config.json to report")
+    prov = provenance(root)
+    md = [f"# Run report: {root}", "", f"Written {prov['written']}; commit {prov['commit']}; "
+          + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()) + ".", ""]
+    body = [f"<h1>Run report: {html.escape(str(root))}</h1>",
+            '<p id="render-check">rendered: (open in a browser)</p>',
+            '<table class="meta">' + "".join(
+                f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
+                for k, v in [("commit", prov["commit"]), ("written", prov["written"]),
+                             *prov["versions"].items()]) + "</table>"]
+    for folder in folders:
+        name = "." if folder == root else str(folder.relative_to(root))
+        body.append(f"<section><h2>{html.escape(name)}</h2>")
+        md += [f"## {name}", ""]
+        times = _times(folder)
+        if times:
+            text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in times.items())
+            body.append(f"<p>Time: {html.escape(text)}</p>")
+            md += [f"Time: {text}", ""]
+        for table in sorted(p for p in folder.glob("*.md") if p.name not in REPORT_NAMES):
+            text = table.read_text()
+            body += [f"<h3>{html.escape(table.name)}</h3>", markdown_to_html(text)]
+            md += [f"### {table.name}", "", text.strip(), ""]
+        for png in sorted(folder.glob("*.png")):
+            data = base64.b64encode(png.read_bytes()).decode()
+            body.append(f'<h3>{html.escape(png.name)}</h3>'
+                        f'<img alt="{html.escape(png.name)}" src="data:image/png;base64,{data}">')
+            md += [f"![{png.name}]({png.relative_to(root)})", ""]
+        config = folder / "config.json"
+        if config.exists():
+            text = config.read_text()
+            body.append("<details><summary>config.json</summary><pre>" + html.escape(text)
+                        + "</pre></details>")
+            md += ["<details><summary>config.json</summary>", "", "```json", text.strip(),
+                   "```", "", "</details>", ""]
+        body.append("</section>")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>plasticlm run report: "
+            f"{html.escape(str(root))}</title>{_STYLE}</head><body>" + "\n".join(body)
+            + _CHECK + "</body></html>\n")
+    return (write_text_atomic(root / "index.html", page),
+            write_text_atomic(root / "index.md", "\n".join(md).rstrip() + "\n"))

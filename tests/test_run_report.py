@@ -1,0 +1,98 @@
+"""The run report: every table and plot of a run folder on one self-contained page, rendered
+by a real browser when one is installed."""
+
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from plasticlm.cli import main
+from plasticlm.errors import PlasticError
+from plasticlm.plotting import plt
+from plasticlm.run_report import markdown_to_html, write_report
+
+TABLE = "| method | accuracy |\n|---|---|\n| fednl | 61.3 [58.0, 64.5] |\n| fedavg | 57.2 |\n"
+
+
+class Count(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.cells, self.images = [], [], []
+        self._cell = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self._cell = tag in ("td", "th")
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_data(self, data):
+        if self._cell:
+            self.cells.append(data)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "run"
+    (run / "refine").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"quick": True}))
+    (run / "metrics.jsonl").write_text(json.dumps({"time": 1.0, "stage": "end",
+                                                   "wall_seconds": 12.5, "cpu_seconds": 20.1})
+                                       + "\n")
+    (run / "table.md").write_text("Note with `code`.\n\n" + TABLE)
+    (run / "refine" / "table.md").write_text(TABLE.replace("fednl", "c2c"))
+    for name in ("a.png", "refine/b.png"):
+        fig, ax = plt.subplots(figsize=(2, 2))
+        ax.plot([0, 1], [1, 0])
+        fig.savefig(run / name)
+        plt.close(fig)
+    return run
+
+
+def test_report_holds_every_table_plot_and_config_of_the_run(run_dir):
+    page, md = write_report(run_dir)
+    parsed = Count()
+    parsed.feed(page.read_text())
+    assert parsed.tags.count("table") == 2 + 1           # the run's two tables + provenance
+    assert len(parsed.images) == 2 and all(s.startswith("data:image/png;base64,")
+                                           for s in parsed.images)
+    assert "61.3 [58.0, 64.5]" in parsed.cells and "c2c" in parsed.cells
+    text = page.read_text()
+    assert "wall seconds 12.5" in text and "cpu seconds 20.1" in text and "torch" in text
+    assert '&quot;quick&quot;: true' in text and "http" not in text.replace("http-equiv", "")
+    assert "| fednl | 61.3 [58.0, 64.5] |" in md.read_text()
+    # the page's own files are not reported again
+    again, _ = write_report(run_dir)
+    assert again.read_text().count("<h3>index") == 0
+
+
+def test_markdown_tables_headers_and_lists_become_html():
+    out = markdown_to_html("# T\n\n- one\n  more\n- two\n\n" + TABLE + "\n```\nx < 1\n```")
+    assert "<h3>T</h3>" in out and "<li>one more</li>" in out and "<li>two</li>" in out
+    assert out.count("<tr>") == 3 and "<pre>x &lt; 1</pre>" in out
+
+
+def test_report_errors_say_what_to_give(tmp_path):
+    with pytest.raises(PlasticError, match="not a run folder"):
+        write_report(tmp_path / "nope")
+    with pytest.raises(PlasticError, match="no tables"):
+        write_report(tmp_path)
+    assert main(["report", str(tmp_path / "nope")]) == 2
+
+
+BROWSER = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium (CI installs "
+                    "chromium-headless-shell from Debian; apt-get install it to run this)")
+def test_a_browser_renders_every_table_and_plot(run_dir):
+    page, _ = write_report(run_dir)
+    dom = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    check = Count()
+    check.feed(dom)
+    assert 'data-tables="3"' in dom and 'data-images="2"' in dom
+    assert 'data-images-rendered="2"' in dom, "a plot did not decode in the browser"
