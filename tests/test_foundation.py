@@ -80,6 +80,16 @@ def test_config_help_lists_every_key(capsys):
     assert "blocks of the world's general corpus replayed per step" in out
 
 
+def test_values_of_the_wrong_type_are_refused_before_any_work():
+    with pytest.raises(PlasticError, match=r"config train.steps: expected an integer, got 'abc'"):
+        load_config(Cfg, None, ["train.steps=abc"])
+    with pytest.raises(PlasticError, match="expected a list"):
+        load_config(Cfg, None, ["layers=3"])
+    with pytest.raises(PlasticError, match="expected a number"):
+        load_config(Cfg, None, ["train.lr=true"])
+    assert main(["fednl", "run", "--quick", "--set", "rounds=abc"]) == 2
+
+
 def test_parse_value():
     assert parse_value("3") == 3 and parse_value("true") is True
     assert parse_value("[1, 2]") == [1, 2] and parse_value("qwen3") == "qwen3"

@@ -80,13 +80,52 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
         hint = hints.get(name)
         if dataclasses.is_dataclass(hint):
             kwargs[name] = from_dict(hint, value, where=f"{where}{name}.")
-        elif hint is float and isinstance(value, int):
+        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
             kwargs[name] = float(value)
         elif (hint is tuple or typing.get_origin(hint) is tuple) and isinstance(value, list):
             kwargs[name] = tuple(value)
         else:
             kwargs[name] = value
+        problem = _type_problem(hint, kwargs[name])
+        if problem:
+            raise PlasticError(f"config {where}{name}: {problem}, got {kwargs[name]!r}")
     return cls(**kwargs)
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_PLURALS = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+
+
+def _type_problem(hint: Any, value: Any) -> str | None:
+    """Why ``value`` does not fit the field type ``hint`` (simple types, tuples and lists of
+    them, optionals), or None; other hints are not checked."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return None if any(_type_problem(a, value) is None for a in options) else \
+            f"expected {' or '.join(_NAMES.get(a, str(a)) for a in options)}"
+    if hint in (tuple, list) or origin in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            return "expected a list"
+        inner = [a for a in args if a is not Ellipsis]
+        if len(inner) == 1:
+            bad = [v for v in value if _type_problem(inner[0], v)]
+            if bad:
+                return f"expected a list of {_PLURALS.get(inner[0], inner[0])}"
+        return None
+    if hint is bool:
+        return None if isinstance(value, bool) else "expected true or false"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else \
+            "expected an integer"
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else \
+            "expected a number"
+    if hint is str:
+        return None if isinstance(value, str) else "expected a string"
+    return None
 
 
 PRESETS_DIR = Path(__file__).parent / "configs"

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from plasticlm.errors import PlasticError
 
@@ -90,6 +92,19 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
     return obj
+
+
+def load_tensors(path: str | Path, what: str = "tensor file") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a missing, truncated or garbage file is one clear
+    error naming ``what`` (never pickle: nothing received is executed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlasticError(f"{what} {path} does not exist")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise PlasticError(f"{what} {path} is not a readable safetensors file ({e}); it may be "
+                           "truncated or from another program: write it again") from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

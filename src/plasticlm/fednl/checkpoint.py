@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from plasticlm.data.jsonl import read_jsonl
 from plasticlm.errors import PlasticError
-from plasticlm.runs import write_text_atomic
+from plasticlm.runs import load_tensors, write_text_atomic
 
 
 class Checkpointer:
@@ -50,7 +50,7 @@ class Checkpointer:
         if not path.exists():
             raise PlasticError(f"{self.pointer} points at round {r} but {path} is missing; "
                                "the run folder is damaged: start a fresh run")
-        return r, load_file(str(path))
+        return r, load_tensors(path, "FedNL checkpoint")
 
     def commit(self, round_: int, theta: dict[str, torch.Tensor], record: dict) -> None:
         folder = self.run_dir / f"round_{round_:04d}"
@@ -80,4 +80,4 @@ def save_client_state(folder: Path, round_: int, state: dict[str, torch.Tensor])
 def load_client_state(folder: Path, round_: int) -> dict[str, torch.Tensor]:
     """The client's personal tensors as they were after ``round_`` (empty when none)."""
     path = folder / f"state_{round_:04d}.safetensors"
-    return load_file(str(path)) if path.exists() else {}
+    return load_tensors(path, "FedNL checkpoint") if path.exists() else {}

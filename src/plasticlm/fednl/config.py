@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from plasticlm.config import from_dict
 from plasticlm.fednl.methods import MethodConfig
+from plasticlm.fednl.robust import AggregationConfig
 
 
 @dataclass
@@ -34,6 +35,7 @@ class FedNLConfig:
     client_state_dir: str = ""        # where clients keep personal state (default: run/clients)
     out: str = "runs"
     method: MethodConfig = field(default_factory=MethodConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

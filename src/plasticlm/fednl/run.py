@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from flwr.simulation import run_simulation
-from safetensors.torch import load_file
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.checkpoint import Checkpointer
@@ -21,7 +20,7 @@ from plasticlm.fednl.report import plot_run, summarise
 from plasticlm.fednl.server_app import make_server_app
 from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
 from plasticlm.fednl.theta import set_theta
-from plasticlm.runs import THREADS_ENV
+from plasticlm.runs import THREADS_ENV, load_tensors
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
 # one torch thread: the clients share the machine's cores.
@@ -95,7 +94,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
 def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
     """Final theta as an adapter folder, summary.json and plots."""
     ck = Checkpointer(run_dir, cfg)
-    theta = load_file(str(run_dir / f"round_{ck.committed_round():04d}" / "theta.safetensors"))
+    theta = load_tensors(run_dir / f"round_{ck.committed_round():04d}" / "theta.safetensors",
+                         "FedNL theta")
     model, tokenizer = build_model(cfg)
     set_theta(model, theta)
     final = run_dir / "final"

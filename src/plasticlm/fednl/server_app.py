@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -15,10 +16,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from plasticlm.config import load_config
-from plasticlm.fednl.aggregate import reply_problem, weighted_mean
+from plasticlm.fednl.aggregate import reply_problem
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.messages import pack_theta, unpack_theta
+from plasticlm.fednl.robust import robust_aggregate
 from plasticlm.fednl.setup import initial_theta, tasks_for
 
 log = logging.getLogger("plasticlm.fednl")
@@ -38,6 +40,7 @@ class ThetaAverage(FedAvg):
                          min_train_nodes=cfg.min_clients, min_evaluate_nodes=cfg.min_clients,
                          min_available_nodes=num_nodes)
         self.cfg, self.checkpointer, self.offset = cfg, checkpointer, start_round
+        self.num_nodes = num_nodes
         self.reference: dict[str, torch.Tensor] = {}
         self.record: dict = {}
 
@@ -61,18 +64,47 @@ class ThetaAverage(FedAvg):
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self._send(server_round, arrays, config, grid, MessageType.EVALUATE)
 
+    def _metrics_problem(self, m: Message, want_arrays: bool, seen: set[int]) -> str | None:
+        """Why a reply's metrics and client record cannot be used, or None."""
+        metrics = m.content["metrics"]
+        needed = ("partition-id", "num-examples", "train_loss") if want_arrays else \
+            ("partition-id", "fed-acc")
+        missing = [k for k in needed if k not in metrics]
+        if missing:
+            return f"metrics lack {missing}"
+        if "client" not in m.content.config_records or any(
+                k not in m.content["client"] for k in ("name", "domain")):
+            return "no client record (name, domain)"
+        pid = metrics["partition-id"]
+        if not isinstance(pid, int) or not 0 <= pid < self.num_nodes:
+            return f"partition-id {pid!r} is not one of 0..{self.num_nodes - 1}"
+        if pid in seen:
+            return f"duplicate partition-id {pid}"
+        for key in needed[1:]:
+            value = metrics[key]
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"{key} {value!r} is not a finite number"
+        if want_arrays and metrics["num-examples"] <= 0:
+            return f"num-examples {metrics['num-examples']} is not positive"
+        if not want_arrays and not 0.0 <= metrics["fed-acc"] <= 1.0:
+            return f"fed-acc {metrics['fed-acc']} is outside [0, 1]"
+        return None
+
     def _valid(self, replies, want_arrays: bool) -> list[Message]:
-        ok = []
+        ok, seen = [], set()
         for m in replies:
             if m.has_error():
-                problem = f"client failed: {m.error.reason[:200]}"
+                problem = f"client failed: {m.error.reason[:500]}"
             elif "metrics" not in m.content.metric_records:
                 problem = "no metrics record"
             elif want_arrays and "arrays" not in m.content.array_records:
                 problem = "no arrays record"
             else:
-                problem = reply_problem(unpack_theta(m.content["arrays"]), self.reference) \
-                    if want_arrays else None
+                problem = self._metrics_problem(m, want_arrays, seen)
+                if problem is None and want_arrays:
+                    problem = reply_problem(unpack_theta(m.content["arrays"]), self.reference)
+            if problem is None:
+                seen.add(int(m.content["metrics"]["partition-id"]))
             if problem:
                 log.warning("round %s: rejected reply from node %s: %s", self.record["round"],
                             m.metadata.src_node_id, problem)
@@ -93,8 +125,11 @@ class ThetaAverage(FedAvg):
                 f"min_clients={self.cfg.min_clients} (problems: {self.record.get('rejected', [])}, "
                 f"missing: {self.record['missing_train']}); the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
-        theta = weighted_mean([unpack_theta(m.content["arrays"]) for m in ok],
-                              [int(m.content["metrics"]["num-examples"]) for m in ok])
+        theta, info = robust_aggregate(
+            [unpack_theta(m.content["arrays"]) for m in ok],
+            [float(m.content["metrics"]["num-examples"]) for m in ok], self.reference,
+            self.cfg.aggregation, max_examples=self.cfg.max_train)
+        self.record["aggregation"] = info
         self.record["clients"] = {
             str(m.content["client"]["name"]): {
                 "domain": str(m.content["client"]["domain"]),
@@ -113,7 +148,13 @@ class ThetaAverage(FedAvg):
         return arrays, MetricRecord({"clients": len(ok)})
 
     def aggregate_evaluate(self, server_round, replies):
-        for m in self._valid(list(replies), want_arrays=False):
+        valid = self._valid(list(replies), want_arrays=False)
+        if len(valid) < self.cfg.min_clients:
+            raise RoundFailed(
+                f"round {self.record['round']}: only {len(valid)} valid evaluation replies, "
+                f"fewer than min_clients={self.cfg.min_clients}; the checkpoint of round "
+                f"{self.record['round'] - 1} is intact, rerun with --resume")
+        for m in valid:
             name = str(m.content["client"]["name"])
             entry = self.record["clients"].setdefault(
                 name, {"domain": str(m.content["client"]["domain"])})

@@ -8,14 +8,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import set_theta
+from plasticlm.runs import load_tensors
 
 EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
 
@@ -113,6 +112,6 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_federated(fcfg)
-    theta = load_file(str(sorted(run_dir.glob("round_*/theta.safetensors"))[-1]))
+    theta = load_tensors(sorted(run_dir.glob("round_*/theta.safetensors"))[-1], "FedNL theta")
     set_theta(model, theta)
     return model, tok, json.loads((run_dir / "summary.json").read_text())

@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.memory.layer import MemoryAttention, MemoryConfig
+from plasticlm.runs import load_tensors
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 CONFIG_FILE = "memory_config.json"
@@ -153,7 +154,7 @@ def load_theta(model: nn.Module, directory: str | Path) -> None:
     path = Path(directory) / THETA_FILE
     if not path.exists():
         raise PlasticError(f"{path} does not exist; save theta with plasticlm.memory.save_pretrained")
-    saved = load_file(str(path))
+    saved = load_tensors(path, "memory adapter")
     theta = meta_parameters(model)
     missing, extra = sorted(set(theta) - set(saved)), sorted(set(saved) - set(theta))
     if missing or extra:

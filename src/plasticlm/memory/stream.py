@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from plasticlm.errors import PlasticError
 from plasticlm.memory.adapter import attach_memory, memory_config
 from plasticlm.memory.layer import LayerStreamState
+from plasticlm.runs import load_tensors
 
 
 class MemoryStream:
@@ -132,7 +133,7 @@ class MemoryStream:
         """Read a state written by :meth:`save`."""
         if not Path(path).exists():
             raise PlasticError(f"stream state {path} does not exist")
-        self.load_state_dict(load_file(str(path)))
+        self.load_state_dict(load_tensors(path, "memory stream state"))
 
     def state_bytes(self) -> int:
         """Bytes the stream carries now (caches + memories); bounded by the window."""

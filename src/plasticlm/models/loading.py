@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -50,9 +51,10 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, local_files_only=is_local or offline
         )
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:
         if is_local:
-            raise PlasticError(f"could not load the model folder {path}: {e}") from None
+            raise PlasticError(f"could not load the model folder {path}: {e} (a truncated or "
+                               "damaged weights file: save or copy the folder again)") from None
         raise PlasticError(
             f"model {name_or_path!r} is not a local folder and could not be fetched from the "
             "Hugging Face hub (offline, or no such model). Download it on a connected machine "

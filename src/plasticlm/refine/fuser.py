@@ -33,13 +33,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine.align import derotate, layer_map, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
 from plasticlm.refine.fuser_layers import C2CLayerFuser, LowRankLayerFuser
+from plasticlm.runs import load_tensors
 
 FUSION_MODES = ("aligned", "prefix")
 
@@ -254,11 +255,20 @@ class Fuser(nn.Module):
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "
                                f"{WEIGHTS_NAME}); train one with `plasticlm refine train-fuser`")
-        saved = json.loads((folder / CONFIG_NAME).read_text())
-        saved.setdefault("kind", "lowrank")       # folders written before there were kinds
-        saved.setdefault("fuse_last", True)
-        config = FuserConfig(**saved)
-        state = load_file(str(folder / WEIGHTS_NAME))
-        fuser = cls(config, state["receiver_inv_freq"], state["transmitter_inv_freq"])
-        fuser.load_state_dict(state)
+        try:
+            saved = json.loads((folder / CONFIG_NAME).read_text())
+            saved.setdefault("kind", "lowrank")       # folders written before there were kinds
+            saved.setdefault("fuse_last", True)
+            config = FuserConfig(**saved)
+        except (json.JSONDecodeError, TypeError, AttributeError) as e:
+            raise PlasticError(f"{folder / CONFIG_NAME} is not a fuser config ({e}); train the "
+                               "fuser again with `plasticlm refine train-fuser`") from None
+        state = load_tensors(folder / WEIGHTS_NAME, "fuser weights")
+        fuser = cls(config, state.get("receiver_inv_freq", torch.zeros(0)),
+                    state.get("transmitter_inv_freq", torch.zeros(0)))
+        try:
+            fuser.load_state_dict(state)
+        except RuntimeError as e:
+            raise PlasticError(f"{folder / WEIGHTS_NAME} does not match its config "
+                               f"({str(e).splitlines()[0]})") from None
         return fuser.eval()

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from plasticlm.runs import atomic_folder
+from plasticlm.runs import atomic_folder, load_tensors
 
 
 def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
@@ -25,7 +25,7 @@ def load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     """Restore what :func:`save_optimizer` wrote into ``opt``."""
     sd = opt.state_dict()
     state: dict[int, dict] = {}
-    for key, value in load_file(str(path)).items():
+    for key, value in load_tensors(path, "SCoL optimiser state").items():
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
     sd["state"] = state
