@@ -262,6 +262,17 @@ def test_cli_train_resume_then_run(tiny, tmp_path):
                               "--set", "scol.outer_steps=2"])
     assert args.func(args) == 0
     assert len((train_out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert json.loads((train_out / "config.json").read_text())["outer_steps"] == 2
+    # a changed setting is refused, not silently continued
+    args = parser.parse_args(["scol", "train", *common, "--out", str(train_out), "--resume",
+                              "--set", "scol.outer_steps=3", "--set", "scol.lam=0.5"])
+    with pytest.raises(PlasticError, match="config changed since the checkpoint .*lam"):
+        args.func(args)
+    # a crash that left only the whole new checkpoint beside its place: resume takes it
+    (train_out / "checkpoint").rename(train_out / "checkpoint.partial")
+    args = parser.parse_args(["scol", "train", *common, "--out", str(train_out), "--resume",
+                              "--set", "scol.outer_steps=2"])
+    assert args.func(args) == 0 and (train_out / "checkpoint" / "state.json").exists()
     run_out = tmp_path / "run"
     args = parser.parse_args(["scol", "run", *common, "--policy", str(train_out / "checkpoint"),
                               "--out", str(run_out)])

@@ -108,29 +108,35 @@ def _federated(run, preset: str, quick: bool) -> None:
 
 
 def _refine(run, preset: str, quick: bool) -> None:
-    from plasticlm.refine.experiment import ExperimentConfig, run_experiment
-    from plasticlm.refine.report import markdown_table
-    from plasticlm.refine.train import FuserTrainConfig
+    from plasticlm.config import load_config, preset_path
+    from plasticlm.refine.ladder import TransferConfig
+    from plasticlm.refine.report import transfer_table
+    from plasticlm.refine.transfer import run_transfer
 
-    print("== 5. FedRefine: the specialist's KV cache fused into the receiver's ==")
-    cfg = ExperimentConfig(receiver=f"{preset}:receiver", transmitters=(f"{preset}:specialist",),
-                           max_train=16 if quick else 60, max_eval=8 if quick else 30,
-                           fuser=FuserTrainConfig(epochs=1 if quick else 4),
-                           out=str(run.path / "refine"), progress=False)
-    report = run_experiment(cfg)
-    print(markdown_table(report))
-    run.log(stage="refine")
+    print("== 5. FedRefine: does the specialist's cache carry what it knows to unseen "
+          "entities, beyond a transmitter that knows nothing? ==")
+    sizes = ([] if quick else [f"receiver={preset}:receiver", f"specialist={preset}:specialist",
+                               f"control={preset}:transmitter-llama", "general_examples=300",
+                               "max_eval=120", "fuser.epochs=1"])
+    cfg = load_config(TransferConfig, None, [*sizes, "seeds=1", 'rows=["general"]',
+                                             f"out={run.path / 'refine'}", "progress=false"],
+                      preset=preset_path("refine", "transfer-quick") if quick else None)
+    report = run_transfer(cfg)
+    print(transfer_table(report))
+    run.log(stage="refine", rows=sorted(report["results"]))
 
 
 def _scol(run, preset: str, quick: bool) -> None:
     from plasticlm.scol.experiment import run_squad
     from plasticlm.scol.setup import ExperimentConfig, quick_config
 
-    print("== 6. SCoL: a stream of passages consolidated into the weights ==")
+    print("== 6. SCoL: a stream of passages consolidated into the weights, the model choosing "
+          "the layers; beside an untrained policy and a fixed last layer ==")
     base = quick_config() if quick else ExperimentConfig(train_streams=2, stream_length=4,
                                                          eval_length=8)
     cfg = dataclasses.replace(base, preset=preset, seeds=1,
-                              methods=("scol", "untrained_policy", "sequential_ft", "prompting"),
+                              methods=("scol", "untrained_policy", "fixed_last", "sequential_ft",
+                                       "prompting"),
                               scol=base.scol if quick else dataclasses.replace(base.scol,
                                                                                outer_steps=2))
     report = run_squad(cfg, run.path / "scol", progress=not quick)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -246,6 +247,20 @@ def action_stats(records: Sequence[StepRecord], num_layers: int) -> dict:
             "mean_distinct_candidates": sum(distinct) / max(1, len(distinct))}
 
 
+def _check_resumable(saved: Path, cfg: SCoLConfig) -> None:
+    """Refuse to resume a run whose settings changed (more outer steps extend it)."""
+    if not saved.exists():
+        return
+    before = json.loads(saved.read_text())
+    now = json.loads(json.dumps(asdict(cfg)))
+    changed = sorted(k for k in set(before) | set(now)
+                     if k != "outer_steps" and before.get(k) != now.get(k))
+    if changed:
+        raise PlasticError(f"cannot resume: the config changed since the checkpoint "
+                           f"({', '.join(changed)}); only scol.outer_steps may change on "
+                           "--resume. Start a new run folder instead.")
+
+
 def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCoLConfig,
                out: str | Path, resume: bool = False, progress: bool = True,
                replay: torch.Tensor | None = None):
@@ -264,7 +279,14 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     ckpt, ref_dir = run.path / "checkpoint", run.path / "reference"
     policy = float32_master(policy)
     start, buffer = 0, []
+    partial = ckpt.with_name(ckpt.name + ".partial")
+    if resume and not (ckpt / "state.json").exists() and (partial / "state.json").exists():
+        # a crash between the old checkpoint's removal and the rename: the new one is whole
+        shutil.rmtree(ckpt, ignore_errors=True)
+        partial.rename(ckpt)
     if resume and (ckpt / "state.json").exists():
+        _check_resumable(run.path / "config.json", cfg)
+        run.write_json("config.json", cfg)
         policy, _ = load_causal_lm(ckpt)
         policy = float32_master(policy)
         start = json.loads((ckpt / "state.json").read_text())["outer_step"]
