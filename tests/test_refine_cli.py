@@ -94,3 +94,27 @@ def test_link_latency_model_by_hand():
     # extra 15,900 bytes cost less than the 12 ms saved above 15,900 / 12 ms = 1.325 MB/s
     assert crossover_mb_per_s(c2c, t2t) == pytest.approx(1.325)
     assert crossover_mb_per_s(t2t, c2c) is None
+
+
+def test_pretrain_fuser_into_a_registry_then_answer_through_it(tmp_path, capsys):
+    from plasticlm.cli import main
+    from plasticlm.refine.registry import registered_pairs
+
+    registry = tmp_path / "fusers"
+    assert main(["refine", "pretrain-fuser", "--receiver", "quick:receiver", "--transmitter",
+                 "quick:specialist", "--registry", str(registry), "--examples", "8",
+                 "--set", "epochs=1", "--set", "hidden=16", "--set", "batch_size=4"]) == 0
+    assert registered_pairs(registry) == [("specialist", "receiver")]
+    summary = json.loads((registry / "specialist--to--receiver" / "train_summary.json")
+                         .read_text())
+    assert summary["examples"] == 8 and summary["steps"] == 2
+    assert "world/corpus/train.txt" in summary["corpus"]      # general text, no task fact
+    capsys.readouterr()
+    assert main(["refine", "ask", "Q: Which organ does Ofloxin act on? A:", "--receiver",
+                 "quick:receiver", "--transmitter", "quick:specialist", "--registry",
+                 str(registry), "--choices", "liver|heart"]) == 0
+    assert json.loads(capsys.readouterr().out)["choice"] in ("liver", "heart")
+    # a pair that is not registered names what is there
+    assert main(["refine", "ask", "Q: x A:", "--receiver", "quick:specialist", "--transmitter",
+                 "quick:receiver", "--registry", str(registry)]) == 2
+    assert "registered: specialist -> receiver" in capsys.readouterr().err

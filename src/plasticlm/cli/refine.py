@@ -29,6 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     q.set_defaults(func=_train_fuser)
 
+    q = rsub.add_parser("pretrain-fuser", help="pre-train a general fuser for one ordered pair "
+                        "into a registry", description="Train the fuser transmitter -> receiver "
+                        "as C2C pre-trains: both models frozen, on (context, continuation) pairs "
+                        "from general text only (the receiver's sandbox world corpus, or "
+                        "--corpus), never a task or specialist fact; saves it to "
+                        "REGISTRY/<transmitter>--to--<receiver>/ with train_summary.json.")
+    q.add_argument("--receiver", required=True)
+    q.add_argument("--transmitter", required=True)
+    q.add_argument("--registry", default="fusers", help="registry folder (default: fusers)")
+    q.add_argument("--corpus", default="", help="plain-text corpus, documents separated by "
+                   "<|endoftext|> (default: the sandbox world's general corpus)")
+    q.add_argument("--examples", type=int, default=2000, help="general examples to train on")
+    add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    q.set_defaults(func=_pretrain_fuser)
+
     q = rsub.add_parser("ask", help="answer a prompt in one mode",
                         description="Answer a prompt with the receiver, helped by transmitters "
                         "through their fusers (one --transmitter/--fuser pair each).")
@@ -37,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--transmitter", action="append", default=[])
     q.add_argument("--fuser", action="append", default=[], help="fuser folder, one per "
                    "--transmitter, in the same order")
+    q.add_argument("--registry", default="", help="take each transmitter's fuser from this "
+                   "registry instead of --fuser")
     q.add_argument("--reverse-fuser", help="receiver -> transmitter fuser (co-c2c)")
     q.add_argument("--mode", default="c2c", choices=("alone", "t2t", "c2c", "multi", "co-c2c"))
     q.add_argument("--private", action="store_true", help="transmitters see a rephrased prompt")
@@ -91,18 +108,61 @@ def _train_fuser(args) -> int:
     return 0
 
 
+def _pretrain_fuser(args) -> int:
+    from dataclasses import asdict
+
+    from plasticlm.data.corpus import load_text_corpus
+    from plasticlm.errors import PlasticError
+    from plasticlm.refine.examples import general_examples
+    from plasticlm.refine.experiment import sandbox_world_of
+    from plasticlm.refine.peer import load_peer
+    from plasticlm.refine.registry import pair_folder
+    from plasticlm.refine.train import FuserTrainConfig, train_fuser
+
+    cfg = load_from_args(FuserTrainConfig, args)
+    if args.examples < 1:
+        raise PlasticError(f"--examples must be >= 1, not {args.examples}")
+    corpus = args.corpus or sandbox_world_of(args.receiver) / "corpus" / "train.txt"
+    examples = general_examples([d.text for d in load_text_corpus(corpus)], args.examples,
+                                seed=cfg.seed)
+    if not examples:
+        raise PlasticError(f"{corpus} gives no general examples (it needs documents of two or "
+                           "more sentences, or Q/A lines)")
+    receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
+    fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
+    folder = fuser.save_pretrained(pair_folder(args.registry, transmitter.name, receiver.name))
+    k = max(1, len(losses) // 10)
+    summary = {"receiver": args.receiver, "transmitter": args.transmitter, "corpus": str(corpus),
+               "examples": len(examples), "steps": len(losses),
+               "first_loss": round(sum(losses[:k]) / k, 4),
+               "last_loss": round(sum(losses[-k:]) / k, 4), "gates_on": fuser.gates_on(),
+               "config": asdict(cfg)}
+    (folder / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+    print(f"fuser: {folder}")
+    return 0
+
+
 def _ask(args) -> int:
     from plasticlm.errors import PlasticError
     from plasticlm.refine.fuser import Fuser
     from plasticlm.refine.modes import FedRefine, Link, RefineConfig
     from plasticlm.refine.peer import load_peer
 
-    if len(args.transmitter) != len(args.fuser):
-        raise PlasticError(f"{len(args.transmitter)} --transmitter but {len(args.fuser)} --fuser: "
-                           "give one fuser folder per transmitter, in the same order")
-    receiver = load_peer(args.receiver)
-    links = [Link(load_peer(t), Fuser.from_pretrained(f))
-             for t, f in zip(args.transmitter, args.fuser)]
+    if args.registry:
+        from plasticlm.refine.registry import load_registered
+
+        receiver = load_peer(args.receiver)
+        peers = [load_peer(t) for t in args.transmitter]
+        links = [Link(p, load_registered(args.registry, p.name, receiver.name)) for p in peers]
+    else:
+        if len(args.transmitter) != len(args.fuser):
+            raise PlasticError(f"{len(args.transmitter)} --transmitter but {len(args.fuser)} "
+                               "--fuser: give one fuser folder per transmitter, in the same "
+                               "order (or --registry)")
+        receiver = load_peer(args.receiver)
+        links = [Link(load_peer(t), Fuser.from_pretrained(f))
+                 for t, f in zip(args.transmitter, args.fuser)]
     reverse = Fuser.from_pretrained(args.reverse_fuser) if args.reverse_fuser else None
     fr = FedRefine(receiver, links, RefineConfig(private=args.private, order=args.order,
                                                  rounds=args.rounds), reverse_fuser=reverse)
