@@ -457,7 +457,7 @@ def test_lora_trains_on_the_context_text_only(tiny, monkeypatch):
 def test_supervised_reward_measures_forgetting_of_earlier_contexts(tiny):
     """At context t the reward checks every earlier context's questions in its window,
     before and after the candidate: forgetting = accuracy before - after."""
-    from plasticlm.scol.meta import RewardProbe
+    from plasticlm.scol.rewards import RewardProbe
 
     model, tok, _, _ = tiny
     stream = _stream(tiny, 3)

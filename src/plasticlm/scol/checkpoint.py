@@ -4,11 +4,13 @@ preference buffer, swapped in atomically."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from plasticlm.errors import PlasticError
 from plasticlm.runs import atomic_folder, load_tensors
 
 
@@ -45,3 +47,17 @@ def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict,
             (tmp / "pairs.json").write_text(json.dumps(pairs) + "\n")
         (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
     return folder
+
+
+def check_resumable(saved: Path, cfg) -> None:
+    """Refuse to resume a run whose settings changed (more outer steps extend it)."""
+    if not saved.exists():
+        return
+    before = json.loads(saved.read_text())
+    now = json.loads(json.dumps(asdict(cfg)))
+    changed = sorted(k for k in set(before) | set(now)
+                     if k != "outer_steps" and before.get(k) != now.get(k))
+    if changed:
+        raise PlasticError(f"cannot resume: the config changed since the checkpoint "
+                           f"({', '.join(changed)}); only scol.outer_steps may change on "
+                           "--resume. Start a new run folder instead.")

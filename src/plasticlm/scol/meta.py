@@ -27,7 +27,7 @@ from plasticlm.eval import encode_with_bos
 from plasticlm.models import load_causal_lm
 from plasticlm.runs import RunDir
 from plasticlm.scol.candidates import adapt_lora_together
-from plasticlm.scol.checkpoint import load_optimizer, save_checkpoint
+from plasticlm.scol.checkpoint import check_resumable, load_optimizer, save_checkpoint
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -52,10 +52,7 @@ from plasticlm.scol.policy import (
 )
 from plasticlm.scol.rewards import (
     Reward,
-    context_nll,
-    intrinsic_reward,
-    qa_accuracy,
-    supervised_reward,
+    RewardProbe,
 )
 
 SELECTIONS = ("best", "greedy", "random", "all", "fixed")
@@ -114,38 +111,6 @@ class StepRecord:
     reward: Reward | None
     candidates: list[dict]
     seconds: float
-
-
-class RewardProbe:
-    """Measures a candidate's reward against the running model before the commit."""
-
-    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg: SCoLConfig):
-        self.tokenizer, self.cfg, self.context = tokenizer, cfg, contexts[t]
-        self.earlier = list(contexts[max(0, t - cfg.forget_window): t])
-        self.windows = context_windows(tokenizer, self.context.text, cfg.lora.max_tokens)
-        if cfg.reward == "supervised":
-            if not self.context.questions:
-                raise PlasticError(f"context {self.context.id!r} has no questions; the "
-                                   "supervised reward needs them (use reward=intrinsic)")
-            self.earlier_q = [q for c in self.earlier for q in c.questions]
-            self.before = (qa_accuracy(model, tokenizer, self.earlier_q, cfg.qa_metric)
-                           if self.earlier_q else None)
-        else:
-            self.earlier_w = [context_windows(tokenizer, c.text, cfg.lora.max_tokens)
-                              for c in self.earlier]
-            self.cur_before = context_nll(model, self.windows)
-            self.before_list = [context_nll(model, w) for w in self.earlier_w]
-
-    def __call__(self, adapted) -> Reward:
-        cfg = self.cfg
-        if cfg.reward == "supervised":
-            acc = qa_accuracy(adapted, self.tokenizer, self.context.questions, cfg.qa_metric)
-            after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
-                     if self.earlier_q else None)
-            return supervised_reward(acc, self.before, after, cfg.lam)
-        return intrinsic_reward(self.cur_before, context_nll(adapted, self.windows),
-                                self.before_list,
-                                [context_nll(adapted, w) for w in self.earlier_w], cfg.lam)
 
 
 def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLConfig,
@@ -247,20 +212,6 @@ def action_stats(records: Sequence[StepRecord], num_layers: int) -> dict:
             "mean_distinct_candidates": sum(distinct) / max(1, len(distinct))}
 
 
-def _check_resumable(saved: Path, cfg: SCoLConfig) -> None:
-    """Refuse to resume a run whose settings changed (more outer steps extend it)."""
-    if not saved.exists():
-        return
-    before = json.loads(saved.read_text())
-    now = json.loads(json.dumps(asdict(cfg)))
-    changed = sorted(k for k in set(before) | set(now)
-                     if k != "outer_steps" and before.get(k) != now.get(k))
-    if changed:
-        raise PlasticError(f"cannot resume: the config changed since the checkpoint "
-                           f"({', '.join(changed)}); only scol.outer_steps may change on "
-                           "--resume. Start a new run folder instead.")
-
-
 def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCoLConfig,
                out: str | Path, resume: bool = False, progress: bool = True,
                replay: torch.Tensor | None = None):
@@ -285,7 +236,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
         shutil.rmtree(ckpt, ignore_errors=True)
         partial.rename(ckpt)
     if resume and (ckpt / "state.json").exists():
-        _check_resumable(run.path / "config.json", cfg)
+        check_resumable(run.path / "config.json", cfg)
         run.write_json("config.json", cfg)
         policy, _ = load_causal_lm(ckpt)
         policy = float32_master(policy)

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import generate_texts, squad_score
 from plasticlm.eval import qa_prompt as template_prompt
-from plasticlm.scol.consolidate import lm_loss
+from plasticlm.scol.consolidate import context_windows, lm_loss
+
+if TYPE_CHECKING:
+    from plasticlm.scol.contexts import Context
 
 ANSWER_STOPS = ("\n", ".", " Q:")
 
@@ -102,3 +106,35 @@ def intrinsic_reward(nll_current_before: float, nll_current_after: float,
 def context_nll(model, windows: torch.Tensor) -> float:
     """Mean next-token NLL (nats/token) on ``windows`` = stack(ids [N, T], labels [N, T])."""
     return float(lm_loss(model, windows))
+
+
+class RewardProbe:
+    """Measures a candidate's reward against the running model before the commit."""
+
+    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
+        self.tokenizer, self.cfg, self.context = tokenizer, cfg, contexts[t]
+        self.earlier = list(contexts[max(0, t - cfg.forget_window): t])
+        self.windows = context_windows(tokenizer, self.context.text, cfg.lora.max_tokens)
+        if cfg.reward == "supervised":
+            if not self.context.questions:
+                raise PlasticError(f"context {self.context.id!r} has no questions; the "
+                                   "supervised reward needs them (use reward=intrinsic)")
+            self.earlier_q = [q for c in self.earlier for q in c.questions]
+            self.before = (qa_accuracy(model, tokenizer, self.earlier_q, cfg.qa_metric)
+                           if self.earlier_q else None)
+        else:
+            self.earlier_w = [context_windows(tokenizer, c.text, cfg.lora.max_tokens)
+                              for c in self.earlier]
+            self.cur_before = context_nll(model, self.windows)
+            self.before_list = [context_nll(model, w) for w in self.earlier_w]
+
+    def __call__(self, adapted) -> Reward:
+        cfg = self.cfg
+        if cfg.reward == "supervised":
+            acc = qa_accuracy(adapted, self.tokenizer, self.context.questions, cfg.qa_metric)
+            after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
+                     if self.earlier_q else None)
+            return supervised_reward(acc, self.before, after, cfg.lam)
+        return intrinsic_reward(self.cur_before, context_nll(adapted, self.windows),
+                                self.before_list,
+                                [context_nll(adapted, w) for w in self.earlier_w], cfg.lam)
