@@ -92,6 +92,15 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     return cls(**kwargs)
 
 
+def require_positive(cfg: Any, *names: str) -> None:
+    """Refuse zero or negative sizes up front (``names`` are fields of ``cfg``), before a
+    command writes anything."""
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise PlasticError(f"config {name} must be > 0, not {value}")
+
+
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 _PLURALS = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
 

@@ -64,3 +64,23 @@ def test_any_override_text_works_or_is_refused_cleanly(key, value):
             load_config(cls, None, [f"{key}={value}"])
         except PlasticError:
             pass
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["data", "niah", "--n", "0", "--out", "OUT"], "--n and --length must be >= 1"),
+    (["refine", "train-fuser", "--receiver", "r", "--transmitter", "t", "--out", "OUT",
+      "--set", "epochs=0"], "config epochs must be > 0"),
+    (["fednl", "run", "--quick", "--set", "rounds=0"], "config rounds must be > 0"),
+    (["scol", "experiment", "squad", "--quick", "--set", "eval_length=-1"],
+     "config eval_length must be > 0"),
+    (["models", "pretrain", "--text", "x.txt", "--out", "OUT", "--set", "steps=0"],
+     "config steps must be > 0"),
+])
+def test_zero_and_negative_sizes_are_refused_before_anything_is_written(tmp_path, capsys, argv,
+                                                                        message):
+    from plasticlm.cli import main
+
+    out = tmp_path / "out"
+    argv = [str(out) if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err and not out.exists()

@@ -83,6 +83,8 @@ def _niah(args) -> int:
 
     if args.task not in TASKS:
         raise PlasticError(f"unknown NIAH task {args.task!r}; choose one of {', '.join(TASKS)}")
+    if args.n < 1 or args.length < 1:
+        raise PlasticError(f"--n and --length must be >= 1 (got {args.n}, {args.length})")
     tokenizer = None
     if args.tokenizer:
         from transformers import AutoTokenizer

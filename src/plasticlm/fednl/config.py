@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from plasticlm.config import from_dict
+from plasticlm.config import from_dict, require_positive
 from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.robust import AggregationConfig
 
@@ -36,6 +36,10 @@ class FedNLConfig:
     out: str = "runs"
     method: MethodConfig = field(default_factory=MethodConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+
+    def __post_init__(self):
+        require_positive(self, "rounds", "max_train", "max_test", "min_clients", "num_clients",
+                         "round_timeout", "niah_length")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

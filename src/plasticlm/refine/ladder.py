@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from plasticlm.config import require_positive
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation, qa_prompt
@@ -57,6 +58,8 @@ class TransferConfig:
     progress: bool = True
 
     def __post_init__(self):
+        require_positive(self, "general_examples", "seeds", "teach_steps", "teach_lr",
+                         "inversion_texts", "task_epochs")
         unknown = set(self.rows) - set(ROWS)
         if unknown:
             raise PlasticError(f"unknown transfer rows {sorted(unknown)}; choose from {ROWS}")

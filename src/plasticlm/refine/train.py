@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from plasticlm.config import require_positive
 from plasticlm.errors import PlasticError
 from plasticlm.eval import pad_batch, pad_id_of
 from plasticlm.refine.align import align_tokens
@@ -54,6 +55,9 @@ class FuserTrainConfig:
     temperature_start: float = 1.0  # c2c gates: Gumbel-sigmoid temperature schedule
     temperature_end: float = 0.001
     seed: int = 0
+
+    def __post_init__(self):
+        require_positive(self, "epochs", "batch_size", "lr")
 
 
 @dataclass

@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from plasticlm.config import require_positive
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.models import describe, pack_corpus, train_bpe_tokenizer, train_lm
@@ -33,6 +34,10 @@ class TextPretrainConfig:
     seed: int = 0
     max_docs: int | None = None
     valid_fraction: float = 0.05
+
+    def __post_init__(self):
+        require_positive(self, "steps", "batch_size", "seq_len", "vocab_size", "hidden_size",
+                         "num_layers")
 
 
 def pretrain_text(text: str | Path, out: str | Path, cfg: TextPretrainConfig | None = None,

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plasticlm.config import load_config, preset_path
+from plasticlm.config import load_config, preset_path, require_positive
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
@@ -44,6 +44,10 @@ class ExperimentConfig:
     threads: int = 1               # torch threads; tiny models gain nothing from more
     seed: int = 0
     seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
+
+    def __post_init__(self):
+        require_positive(self, "eval_length", "seeds", "prompt_tokens", "chunk_tokens",
+                         "max_chunks", "long_max_chunks", "threads")
 
 
 def quick_config() -> ExperimentConfig:
