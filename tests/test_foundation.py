@@ -196,3 +196,18 @@ def test_version_and_log_level(capsys):
     assert main(["--log-level", "DEBUG", "refine", "experiment", "--set", "nonsense"]) == 2
     assert logging.getLogger("plasticlm").level == logging.DEBUG
     logging.getLogger("plasticlm").setLevel(logging.WARNING)
+
+
+def test_progress_bars_in_a_log_become_plain_lines():
+    import io
+
+    from tqdm import tqdm
+
+    from plasticlm.cli import LogLines
+
+    log = io.StringIO()
+    for _ in tqdm(range(3), file=LogLines(log), mininterval=0, desc="steps"):
+        pass
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and all(line.startswith("steps:") for line in lines)
+    assert len(lines) >= 4 and "3/3" in lines[-1]

@@ -46,11 +46,42 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+class LogLines:
+    """stderr redirected to a log: each progress-bar frame (tqdm redraws a line with a
+    carriage return) becomes a line of its own, so the log reads as plain periodic lines."""
+
+    def __init__(self, stream):
+        self.stream, self._at_line_start = stream, True
+
+    def write(self, text: str) -> int:
+        out = text.replace("\r", "\n")
+        if self._at_line_start:
+            out = out.lstrip("\n")
+        while "\n\n" in out:
+            out = out.replace("\n\n", "\n")
+        if out:
+            self._at_line_start = out.endswith("\n")
+            self.stream.write(out)
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    if not sys.stderr.isatty():
-        # redirected to a log: a progress line every 30 s instead of a carriage-return frame
-        # per update (tqdm reads TQDM_* defaults from the environment)
+    stderr = sys.stderr
+    if not stderr.isatty() and not isinstance(stderr, LogLines):
+        # redirected to a log: a progress line every 30 s (tqdm reads TQDM_* defaults from
+        # the environment), each its own line
         os.environ.setdefault("TQDM_MININTERVAL", "30")
+        sys.stderr = LogLines(stderr)
+    try:
+        return _run(argv)
+    finally:
+        sys.stderr = stderr
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -64,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)
         return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())
