@@ -1,14 +1,17 @@
 """Per-round checkpoints of a federated run, and the clients' own personal-state files.
 
-A round is committed only after its evaluation: ``round_<r>/theta.safetensors`` is written,
-then the round's record is appended to ``metrics.jsonl``, then ``checkpoint.json`` is
-replaced atomically to point at round r. A run killed at any moment resumes from the last
-committed round and repeats exactly the rounds after it.
+A round is committed only after its evaluation: ``round_<r>/theta.safetensors`` is written
+(atomically), then the round's record is appended to ``metrics.jsonl``, then
+``checkpoint.json`` is replaced atomically to point at round r. The last two rounds are kept:
+a run killed at any moment resumes from the last committed round, or from the one before
+when the last one's theta is damaged, and repeats exactly the rounds after it; a torn last
+line of ``metrics.jsonl`` (a kill in the middle of the append) is dropped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -16,9 +19,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from plasticlm.data.jsonl import read_jsonl
 from plasticlm.errors import PlasticError
 from plasticlm.runs import load_tensors, write_text_atomic
+
+log = logging.getLogger("plasticlm.fednl")
+KEEP_ROUNDS = 2
 
 
 class Checkpointer:
@@ -30,6 +35,7 @@ class Checkpointer:
         self.pointer = self.run_dir / "checkpoint.json"
         self.metrics = self.run_dir / "metrics.jsonl"
         self.client_state_dir = cfg.client_state_dir or str(self.run_dir / "clients")
+        self._torn = False
 
     def committed_round(self) -> int:
         if not self.pointer.exists():
@@ -38,35 +44,62 @@ class Checkpointer:
 
     def latest(self, initial: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
         """(last committed round, its global theta), or (0, ``initial``); drops any metrics
-        lines written after the committed round (a kill between the two writes)."""
+        lines written after that round (a kill between the writes). A damaged theta of the
+        last round falls back to the round before it, which is then the committed one."""
         r = self.committed_round()
+        while r > 0:
+            path = self.run_dir / f"round_{r:04d}" / "theta.safetensors"
+            try:
+                theta = load_tensors(path, "FedNL checkpoint")
+                break
+            except PlasticError as e:
+                older = self.run_dir / f"round_{r - 1:04d}" / "theta.safetensors"
+                if r == 1 or not older.exists():
+                    raise PlasticError(f"{e}; no earlier round is kept: the run folder is "
+                                       "damaged, start a fresh run") from None
+                log.warning("round %d's theta is damaged (%s); resuming from round %d",
+                            r, e, r - 1)
+                r -= 1
+                write_text_atomic(self.pointer, json.dumps({"round": r}) + "\n")
         records = self.records()
         kept = [x for x in records if x["round"] <= r]
-        if len(kept) != len(records):
-            write_text_atomic(self.metrics, "".join(json.dumps(x) + "\n" for x in kept))
-        if r == 0:
-            return 0, initial
-        path = self.run_dir / f"round_{r:04d}" / "theta.safetensors"
-        if not path.exists():
-            raise PlasticError(f"{self.pointer} points at round {r} but {path} is missing; "
-                               "the run folder is damaged: start a fresh run")
-        return r, load_tensors(path, "FedNL checkpoint")
+        if len(kept) != len(records) or self._torn:
+            write_text_atomic(self.metrics, "".join(json.dumps(x, sort_keys=True) + "\n"
+                                                    for x in kept))
+        return (r, theta) if r > 0 else (0, initial)
 
     def commit(self, round_: int, theta: dict[str, torch.Tensor], record: dict) -> None:
         folder = self.run_dir / f"round_{round_:04d}"
         folder.mkdir(exist_ok=True)
-        save_file({k: v.contiguous() for k, v in theta.items()}, str(folder / "theta.safetensors"))
+        tmp = folder / "theta.safetensors.partial"
+        save_file({k: v.contiguous() for k, v in theta.items()}, str(tmp))
+        os.replace(tmp, folder / "theta.safetensors")
         with self.metrics.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
         write_text_atomic(self.pointer, json.dumps({"round": round_}) + "\n")
-        previous = self.run_dir / f"round_{round_ - 1:04d}"
-        if previous.exists():  # keep the latest round only; theta per round is in metrics
-            shutil.rmtree(previous)
+        old = self.run_dir / f"round_{round_ - KEEP_ROUNDS:04d}"
+        if old.exists():   # theta per round is in the metrics; two rounds are kept on disk
+            shutil.rmtree(old)
 
     def records(self) -> list[dict]:
+        """The committed rounds' records; a torn last line (a kill mid-append) is dropped,
+        a damaged line before it is an error."""
+        self._torn = False
         if not self.metrics.exists():
             return []
-        return [obj for _, obj in read_jsonl(self.metrics, "metrics")]
+        lines = [ln for ln in self.metrics.read_text().splitlines() if ln.strip()]
+        out = []
+        for n, line in enumerate(lines, 1):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if n == len(lines):
+                    log.warning("dropping the torn last line of %s", self.metrics)
+                    self._torn = True
+                    break
+                raise PlasticError(f"{self.metrics}, line {n}: not valid JSON; the run "
+                                   "folder is damaged") from None
+        return out
 
 
 def save_client_state(folder: Path, round_: int, state: dict[str, torch.Tensor]) -> None:
