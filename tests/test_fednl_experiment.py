@@ -204,3 +204,24 @@ def test_stream_memory_and_comm_experiments(quick_experiment):
     full = next(v for k, v in b.items() if k.startswith("fedavg-full"))
     assert abs(same_bytes - nl) <= nl / comm["rank_for_equal_bytes"] / 2 + 1
     assert full > 5 * nl
+
+
+def test_rows_pick_variants_and_old_results_still_match(tmp_path):
+    import dataclasses
+    import json
+
+    from plasticlm.errors import PlasticError
+    from plasticlm.fednl.experiment import _load_results
+    from plasticlm.fednl.variants import ExperimentConfig, variants
+
+    cfg = ExperimentConfig(experiment="niah", rows=("fednl", "fedavg LoRA, full attention"))
+    assert [v.label for v in variants(cfg)] == ["fednl", "fedavg LoRA, window",
+                                                "fedavg LoRA, full attention"]
+    with pytest.raises(PlasticError, match="unknown rows"):
+        variants(ExperimentConfig(experiment="niah", rows=("fedprox",)))
+    # results written before `rows` existed are still this config's
+    old = {k: v for k, v in dataclasses.asdict(ExperimentConfig()).items() if k != "rows"}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"config": old, "runs": {"fednl|0": {}}}))
+    assert _load_results(path, ExperimentConfig())["runs"] == {"fednl|0": {}}
+    assert _load_results(path, dataclasses.replace(ExperimentConfig(), seeds=9))["runs"] == {}

@@ -169,13 +169,18 @@ def test_console_script_runs():
 def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    assert "held-out MC" in out and "| fednl |" in out and "| fedavg |" in out
+    assert "held-out MC" in out
+    # each stage beside its controls
+    for row in ("| fednl |", "| fedavg LoRA, window |", "| fedavg LoRA, full attention |",
+                "| c2c, general fuser, specialist |", "| c2c, general fuser, control |",
+                "| untrained policy, greedy |", "| fixed: last layer |"):
+        assert row in out, row
     stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
     assert stages[-6:] == ["sandbox", "memory", "fednl", "refine", "scol", "end"]
     page = tmp_path / "demo" / "index.html"
     assert f"report: {page}" in out and out.rindex("report:") > out.rindex("| fednl |")
     html = page.read_text()
-    for part in ("sandbox.md", "memory.md", "fednl", "refine", "scol", "cpu seconds"):
+    for part in ("sandbox.md", "memory.md", "fednl/niah", "refine", "scol", "cpu seconds"):
         assert part in html, part
 
 

@@ -84,27 +84,22 @@ def _memory(run, preset: str, tokens: int) -> None:
 
 
 def _federated(run, preset: str, quick: bool) -> None:
-    from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.methods import MethodConfig
-    from plasticlm.fednl.report import comparison_table
-    from plasticlm.fednl.run import run_federated
+    from plasticlm.config import load_config, preset_path
+    from plasticlm.fednl.experiment import run_experiment
+    from plasticlm.fednl.variants import ExperimentConfig
 
-    print("== 4. FedNL vs FedAvg on Flower: five domain clients, theta only on the wire ==")
+    print("== 4. FedNL on Flower: needles beyond the attention window, seven clients; the memory "
+          "beside windowed FedAvg (the same state size) and full attention ==")
     spec = "sandbox" if preset == "sandbox" else f"sandbox-{preset}"
-    base = FedNLConfig(name="demo", model=f"{spec}:receiver", data=spec, rounds=2,
-                       max_train=16 if quick else 48, max_test=8 if quick else 24,
-                       out=str(run.path / "fednl"),
-                       method=MethodConfig(local_steps=2 if quick else 12,
-                                           batch_size=4 if quick else 8))
-    summaries = []
-    for method in ("fednl", "fedavg"):
-        cfg = dataclasses.replace(base, name=f"demo-{method}",
-                                  method=dataclasses.replace(base.method, name=method))
-        folder = run_federated(cfg)
-        summaries.append(json.loads((folder / "summary.json").read_text()))
-    print(comparison_table(summaries))
-    (run.path / "fednl" / "table.md").write_text(comparison_table(summaries) + "\n")
-    run.log(stage="fednl", summaries=summaries)
+    sizes = [] if quick else [f"model={spec}:receiver", f"data={spec}", "rounds=2",
+                              "local_steps=8", "max_train=24", "max_test=12", "window=16"]
+    cfg = load_config(ExperimentConfig, None, [
+        *sizes, "experiment=niah", "seeds=1", f"out={run.path / 'fednl'}",
+        'rows=["fednl", "fedavg LoRA, full attention"]'],
+        preset=preset_path("fednl", "experiment-quick") if quick else None)
+    results = run_experiment(cfg, progress=not quick)
+    print(results["table"])
+    run.log(stage="fednl", rows=sorted(results["runs"]))
 
 
 def _refine(run, preset: str, quick: bool) -> None:

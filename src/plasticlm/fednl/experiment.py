@@ -26,6 +26,7 @@ import json
 import time
 from pathlib import Path
 
+from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci, seed_ci, verdict
 from plasticlm.fednl.comm import run_comm_experiment
@@ -65,7 +66,13 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
 def _load_results(path: Path, cfg: ExperimentConfig) -> dict:
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("config") == dataclasses.asdict(cfg):
+        # read back through the dataclass: results written before a field existed still
+        # match while the new field holds its default
+        try:
+            same = from_dict(ExperimentConfig, saved.get("config", {})) == cfg
+        except PlasticError:
+            same = False
+        if same:
             return saved
     return {"config": dataclasses.asdict(cfg), "runs": {}}
 

@@ -55,6 +55,8 @@ class ExperimentConfig:
     memory_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
     bucket_tokens: int = 256      # stream: CE bucket
     stream_from: str = "openbook" # stream: whose runs' thetas read the streams (openbook | niah)
+    rows: tuple[str, ...] = ()    # which variants run, by label (empty: all); the reference
+                                  # "fedavg LoRA, window" always does
 
     def __post_init__(self):
         if self.experiment not in EXPERIMENTS:
@@ -68,6 +70,18 @@ class ExperimentConfig:
 
 
 def variants(cfg: ExperimentConfig) -> list[Variant]:
+    """The experiment's rows (``cfg.rows`` of them, and the windowed FedAvg reference)."""
+    every = _all_variants(cfg)
+    if not cfg.rows:
+        return every
+    unknown = set(cfg.rows) - {v.label for v in every}
+    if unknown:
+        raise PlasticError(f"unknown rows {sorted(unknown)} for {cfg.experiment}; choose from "
+                           f"{[v.label for v in every]}")
+    return [v for v in every if v.label in cfg.rows or v.label == "fedavg LoRA, window"]
+
+
+def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
     w = cfg.window
     if cfg.experiment == "mmlu":
         w = 64  # every item fits: a closed-book test of the method, not of the window
