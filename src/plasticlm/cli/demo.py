@@ -92,7 +92,7 @@ def _federated(run, preset: str, quick: bool) -> None:
           "beside windowed FedAvg (the same state size) and full attention ==")
     spec = "sandbox" if preset == "sandbox" else f"sandbox-{preset}"
     sizes = [] if quick else [f"model={spec}:receiver", f"data={spec}", "rounds=2",
-                              "local_steps=8", "max_train=24", "max_test=12", "window=16"]
+                              "local_steps=4", "max_train=16", "max_test=8", "window=16"]
     cfg = load_config(ExperimentConfig, None, [
         *sizes, "experiment=niah", "seeds=1", f"out={run.path / 'fednl'}",
         'rows=["fednl", "fedavg LoRA, full attention"]'],
