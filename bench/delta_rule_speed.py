@@ -12,60 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from plasticlm.memory.ops import delta_rule_chunkwise, delta_rule_recurrent
+from plasticlm.benchmarks import delta_rule_rows
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def make_inputs(t, b=1, h=4, d=64, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, t, d, generator=gen)
-    k = F.normalize(torch.randn(b, h, t, d, generator=gen), dim=-1)
-    v = torch.randn(b, h, t, d, generator=gen)
-    beta = torch.rand(b, h, t, generator=gen)
-    return q, k, v, beta
-
-
-def runners(chunk):
-    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
-
-    def chunkwise(q, k, v, beta):
-        return delta_rule_chunkwise(q * q.shape[-1] ** -0.5, k, v, beta, chunk_size=chunk)
-
-    def recurrent(q, k, v, beta):
-        return delta_rule_recurrent(q * q.shape[-1] ** -0.5, k, v, beta)
-
-    def transformers_ref(q, k, v, beta):
-        b, h, t, _ = q.shape
-        o, s = torch_chunk_gated_delta_rule(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), torch.zeros(b, t, h),
-            beta.transpose(1, 2), chunk_size=64, output_final_state=True)
-        return o.transpose(1, 2), s
-
-    return {"chunkwise": chunkwise, "recurrent": recurrent, "transformers": transformers_ref}
-
-
-def timed(fn, inputs, backward, reps):
-    times, result = [], None
-    for _ in range(reps):
-        leaves = [x.clone().requires_grad_(backward) for x in inputs]
-        start = time.perf_counter()
-        if backward:
-            o, s = fn(*leaves)
-            (o.sum() + s.sum()).backward()
-        else:
-            with torch.no_grad():
-                o, s = fn(*leaves)
-        times.append(time.perf_counter() - start)
-        result = (o.detach(), s.detach())
-    return statistics.median(times), result
 
 
 def main():
@@ -77,23 +30,10 @@ def main():
     ap.add_argument("--out", default=str(RESULTS / "delta_rule_speed.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    fns = runners(args.chunk)
-    rows = []
-    for t in args.lengths:
-        inputs = make_inputs(t)
-        for backward in (False, True):
-            row = {"T": t, "mode": "fwd+bwd" if backward else "fwd"}
-            outs = {}
-            for name, fn in fns.items():
-                reps = 1 if name == "recurrent" and t >= 4096 else args.reps
-                row[f"{name}_s"], outs[name] = timed(fn, inputs, backward, reps)
-            for name in ("recurrent", "transformers"):
-                row[f"max_abs_diff_o_vs_{name}"] = (outs["chunkwise"][0] - outs[name][0]).abs().max().item()
-                row[f"max_abs_diff_state_vs_{name}"] = (outs["chunkwise"][1] - outs[name][1]).abs().max().item()
-            row["speedup_vs_transformers"] = row["transformers_s"] / row["chunkwise_s"]
-            row["speedup_vs_recurrent"] = row["recurrent_s"] / row["chunkwise_s"]
-            rows.append(row)
-            print(json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in row.items()}))
+    rows = delta_rule_rows(args.lengths, args.reps, args.chunk)
+    for row in rows:
+        print(json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v)
+                          for k, v in row.items()}))
     result = {"setup": {"B": 1, "H": 4, "Dk": 64, "Dv": 64, "chunk": args.chunk, "threads": args.threads,
                         "torch": torch.__version__, "load_average_at_end": os.getloadavg()},
               "rows": rows}
@@ -107,7 +47,7 @@ def main():
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
         sub = [r for r in rows if r["mode"] == mode]
-        for name in fns:
+        for name in ("chunkwise", "recurrent", "transformers"):
             ax.plot([r["T"] for r in sub], [r[f"{name}_s"] for r in sub], marker="o", label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

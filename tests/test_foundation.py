@@ -216,3 +216,17 @@ def test_progress_bars_in_a_log_become_plain_lines():
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue() and all(line.startswith("steps:") for line in lines)
     assert len(lines) >= 4 and "3/3" in lines[-1]
+
+
+def test_bench_quick_names_every_peer_and_agrees_with_the_reference(tmp_path, capsys):
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    for row in report["delta_rule"]:                  # same numbers as transformers' kernel
+        assert row["max_abs_diff_o_vs_transformers"] < 1e-4
+        assert row["max_abs_diff_state_vs_transformers"] < 1e-4
+    assert report["state"][-1]["ratio"] > report["state"][0]["ratio"] > 1   # O(1) vs O(T)
+    lines = capsys.readouterr().out
+    for peer in ("transformers' torch_chunk_gated_delta_rule", "full KV cache",
+                 "LoRA-FedAvg, same rank", "full FedAvg"):
+        assert peer in lines
+    assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "index.html").exists()

@@ -14,7 +14,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.runs import THREADS_ENV, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
-COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol", "report")
+COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol", "report", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

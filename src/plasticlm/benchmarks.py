@@ -1,0 +1,218 @@
+"""``plasticlm bench``: performance comparisons side by side, each a ratio against a named
+peer, measured in one run (JSON and a PNG).
+
+- the delta rule, forward and forward+backward: the chunkwise kernel against transformers'
+  ``torch_chunk_gated_delta_rule`` (Qwen3-Next's) and against the recurrent form;
+- inference state after T tokens: FedNL's memory stream (window + one state per head)
+  against a full-attention KV cache of the same model;
+- bytes on the wire per client and round: FedNL's theta against LoRA-FedAvg at the same
+  rank and against full FedAvg, on the same model.
+
+The detailed, longer benchmarks (peak RSS, MQAR, SCoL cost, ...) are scripts in ``bench/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+from plasticlm.errors import PlasticError
+from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.theta import get_theta
+from plasticlm.memory import MemoryStream, attach_memory
+from plasticlm.memory.ops import delta_rule_chunkwise, delta_rule_recurrent
+from plasticlm.models import build_tiny
+from plasticlm.plotting import plt
+from plasticlm.runs import write_text_atomic
+
+
+def delta_rule_inputs(t: int, b: int = 1, h: int = 4, d: int = 64, seed: int = 0):
+    """(q, k, v, beta) of shapes [B, H, T, D] x3 and [B, H, T]; keys L2-normalised."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, t, d, generator=gen)
+    k = F.normalize(torch.randn(b, h, t, d, generator=gen), dim=-1)
+    v = torch.randn(b, h, t, d, generator=gen)
+    beta = torch.rand(b, h, t, generator=gen)
+    return q, k, v, beta
+
+
+def delta_rule_runners(chunk: int = 64) -> dict[str, Callable]:
+    """Ours (chunkwise, recurrent) and transformers' reference on the same inputs; the
+    reference takes [B, T, H, D] and scales q by Dk^-0.5, so ours get q * Dk^-0.5."""
+    def chunkwise(q, k, v, beta):
+        return delta_rule_chunkwise(q * q.shape[-1] ** -0.5, k, v, beta, chunk_size=chunk)
+
+    def recurrent(q, k, v, beta):
+        return delta_rule_recurrent(q * q.shape[-1] ** -0.5, k, v, beta)
+
+    def transformers_ref(q, k, v, beta):
+        b, h, t, _ = q.shape
+        o, s = torch_chunk_gated_delta_rule(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), torch.zeros(b, t, h),
+            beta.transpose(1, 2), chunk_size=64, output_final_state=True)
+        return o.transpose(1, 2), s
+
+    return {"chunkwise": chunkwise, "recurrent": recurrent, "transformers": transformers_ref}
+
+
+def timed(fn: Callable, inputs, backward: bool, reps: int):
+    """Median seconds of ``fn(*inputs)`` (with a backward pass through outputs and state
+    when ``backward``) over ``reps`` runs after one untimed warm-up, and the last outputs."""
+    times, result = [], None
+    for i in range(reps + 1):
+        leaves = [x.clone().requires_grad_(backward) for x in inputs]
+        start = time.perf_counter()
+        if backward:
+            o, s = fn(*leaves)
+            (o.sum() + s.sum()).backward()
+        else:
+            with torch.no_grad():
+                o, s = fn(*leaves)
+        if i:
+            times.append(time.perf_counter() - start)
+        result = (o.detach(), s.detach())
+    return statistics.median(times), result
+
+
+def delta_rule_rows(lengths: list[int], reps: int = 3, chunk: int = 64) -> list[dict]:
+    """Per T and mode (fwd, fwd+bwd): seconds of each runner, the ratios, and the largest
+    difference of outputs and final state against each peer."""
+    fns = delta_rule_runners(chunk)
+    rows = []
+    for t in lengths:
+        inputs = delta_rule_inputs(t)
+        for backward in (False, True):
+            row = {"T": t, "mode": "fwd+bwd" if backward else "fwd"}
+            outs = {}
+            for name, fn in fns.items():
+                n = 1 if name == "recurrent" and t >= 4096 else reps
+                row[f"{name}_s"], outs[name] = timed(fn, inputs, backward, n)
+            for name in ("recurrent", "transformers"):
+                row[f"max_abs_diff_o_vs_{name}"] = float(
+                    (outs["chunkwise"][0] - outs[name][0]).abs().max())
+                row[f"max_abs_diff_state_vs_{name}"] = float(
+                    (outs["chunkwise"][1] - outs[name][1]).abs().max())
+            row["speedup_vs_transformers"] = row["transformers_s"] / row["chunkwise_s"]
+            row["speedup_vs_recurrent"] = row["recurrent_s"] / row["chunkwise_s"]
+            rows.append(row)
+    return rows
+
+
+def _tiny(seed: int = 0):
+    return build_tiny("qwen3", seed=seed, vocab_size=512, hidden_size=128, num_layers=4,
+                      num_heads=4, num_kv_heads=2)
+
+
+@torch.no_grad()
+def state_rows(lengths: list[int], window: int = 256) -> list[dict]:
+    """Bytes carried after T tokens: the memory stream vs a full KV cache (a tiny Qwen3)."""
+    stream = MemoryStream(attach_memory(_tiny(), layers="all", window=window, rank=8),
+                          chunk_tokens=256)
+    base, cache = _tiny(), DynamicCache()
+    ids = torch.randint(4, 512, (1, max(lengths)), generator=torch.Generator().manual_seed(0))
+    rows, done = [], 0
+    for t in sorted(lengths):
+        chunk = ids[:, done:t]
+        stream.feed(chunk, keep="last")
+        out = base(input_ids=chunk, position_ids=torch.arange(done, t)[None], cache=cache,
+                   use_cache=True)
+        cache = getattr(out, "cache", None) or cache
+        done = t
+        kv = sum(x.numel() * x.element_size() for layer in cache.layers
+                 for x in (layer.keys, layer.values))
+        rows.append({"T": t, "stream_bytes": stream.state_bytes(), "kv_cache_bytes": kv,
+                     "ratio": kv / stream.state_bytes()})
+    return rows
+
+
+def wire_rows() -> list[dict]:
+    """Theta bytes per client and round (float32) of each method on the same tiny model."""
+    def theta_bytes(method: MethodConfig) -> int:
+        return sum(x.numel() * 4 for x in get_theta(prepare_model(_tiny(), method)).values())
+
+    fednl = theta_bytes(MethodConfig(name="fednl", window=64))
+    rows = [{"peer": "LoRA-FedAvg, same rank",
+             "peer_bytes": theta_bytes(MethodConfig(name="fedavg", window=64))},
+            {"peer": "full FedAvg (every weight)",
+             "peer_bytes": theta_bytes(MethodConfig(name="fedavg-full", window=64))}]
+    for r in rows:
+        r.update(fednl_bytes=fednl, ratio=r["peer_bytes"] / fednl)
+    return rows
+
+
+def run_bench(out: str | Path, quick: bool = False, threads: int = 1) -> dict:
+    """Every comparison; writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``out``."""
+    if threads < 1:
+        raise PlasticError(f"threads must be >= 1, not {threads}")
+    torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    report = {
+        "setup": {"threads": threads, "torch": torch.__version__, "quick": quick,
+                  "load_average": list(os.getloadavg())},
+        "delta_rule": delta_rule_rows([256] if quick else [512, 2048], reps=1 if quick else 3),
+        "state": state_rows([512, 1024] if quick else [1024, 4096, 16384]),
+        "wire": wire_rows(),
+    }
+    report["seconds"] = round(time.time() - t0, 1)
+    report["lines"] = ratio_lines(report)
+    write_text_atomic(out / "bench.json", json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out / "bench.md", "\n".join(f"- {x}" for x in report["lines"]) + "\n")
+    _plot(report, out / "bench.png")
+    return report
+
+
+def ratio_lines(report: dict) -> list[str]:
+    """One line per comparison: what, ours, the peer, the ratio."""
+    lines = []
+    for r in report["delta_rule"]:
+        lines.append(f"delta rule {r['mode']}, T={r['T']}: chunkwise {1000 * r['chunkwise_s']:.1f} "
+                     f"ms vs transformers' torch_chunk_gated_delta_rule "
+                     f"{1000 * r['transformers_s']:.1f} ms: {r['speedup_vs_transformers']:.2f}x "
+                     f"as fast; vs the recurrent form {r['speedup_vs_recurrent']:.2f}x")
+    for r in report["state"]:
+        lines.append(f"state after {r['T']} tokens: memory stream {r['stream_bytes'] / 1024:.0f} "
+                     f"KiB vs full KV cache {r['kv_cache_bytes'] / 1024:.0f} KiB: "
+                     f"{r['ratio']:.1f}x less")
+    for r in report["wire"]:
+        lines.append(f"bytes per client and round: FedNL theta {r['fednl_bytes'] / 1e3:.1f} KB vs "
+                     f"{r['peer']} {r['peer_bytes'] / 1e3:.1f} KB: the peer sends "
+                     f"{r['ratio']:.2f}x FedNL's bytes")
+    return lines
+
+
+def _plot(report: dict, path: Path) -> None:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for mode, marker in (("fwd", "o"), ("fwd+bwd", "s")):
+        rows = [r for r in report["delta_rule"] if r["mode"] == mode]
+        axes[0].plot([r["T"] for r in rows], [r["speedup_vs_transformers"] for r in rows],
+                     marker=marker, label=mode)
+    axes[0].axhline(1, color="k", lw=0.8)
+    axes[0].set(xscale="log", xlabel="T", ylabel="x faster than transformers' reference",
+                title="delta rule")
+    axes[0].legend()
+    t = [r["T"] for r in report["state"]]
+    axes[1].plot(t, [r["stream_bytes"] / 2**20 for r in report["state"]], marker="o",
+                 label="memory stream")
+    axes[1].plot(t, [r["kv_cache_bytes"] / 2**20 for r in report["state"]], marker="s",
+                 label="full KV cache")
+    axes[1].set(xscale="log", yscale="log", xlabel="tokens", ylabel="MiB", title="state")
+    axes[1].legend()
+    axes[2].bar(["FedNL"] + [r["peer"] for r in report["wire"]],
+                [report["wire"][0]["fednl_bytes"] / 1e3] + [r["peer_bytes"] / 1e3
+                                                            for r in report["wire"]])
+    axes[2].set(yscale="log", ylabel="KB per client and round", title="bytes on the wire")
+    axes[2].tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
