@@ -105,3 +105,10 @@ def test_an_evaluation_round_needs_min_clients_and_commits_no_nan(server, tmp_pa
     s.aggregate_evaluate(1, [reply(0, kind=MessageType.EVALUATE),
                              reply(1, kind=MessageType.EVALUATE)])
     assert json.loads((tmp_path / "checkpoint.json").read_text())["round"] == 1
+
+
+def test_an_oversized_reply_is_refused_before_it_becomes_tensors(server):
+    s = server()
+    huge = {**THETA, "w": torch.zeros(2, 3), "padding": torch.zeros(100_000)}
+    s.aggregate_train(1, [reply(0), reply(1), reply(2, huge)])
+    assert len(s.record["rejected"]) == 1 and "more than the" in s.record["rejected"][0]

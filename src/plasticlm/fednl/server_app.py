@@ -90,6 +90,14 @@ class ThetaAverage(FedAvg):
             return f"fed-acc {metrics['fed-acc']} is outside [0, 1]"
         return None
 
+    def _size_problem(self, m: Message) -> str | None:
+        """A reply larger than theta in float32 (with room for metadata) is refused before
+        its arrays become tensors."""
+        limit = 2 * sum(t.numel() * 4 for t in self.reference.values()) + 65536
+        size = m.content["arrays"].count_bytes()
+        return f"reply of {size} bytes, more than the {limit} theta can take" \
+            if size > limit else None
+
     def _valid(self, replies, want_arrays: bool) -> list[Message]:
         ok, seen = [], set()
         for m in replies:
@@ -101,6 +109,8 @@ class ThetaAverage(FedAvg):
                 problem = "no arrays record"
             else:
                 problem = self._metrics_problem(m, want_arrays, seen)
+                if problem is None and want_arrays:
+                    problem = self._size_problem(m)
                 if problem is None and want_arrays:
                     problem = reply_problem(unpack_theta(m.content["arrays"]), self.reference)
             if problem is None:
