@@ -117,7 +117,7 @@ def _pretrain_fuser(args) -> int:
     from plasticlm.refine.experiment import sandbox_world_of
     from plasticlm.refine.peer import load_peer
     from plasticlm.refine.registry import pair_folder
-    from plasticlm.refine.train import FuserTrainConfig, train_fuser
+    from plasticlm.refine.train import FuserTrainConfig, loss_summary, train_fuser
 
     cfg = load_from_args(FuserTrainConfig, args)
     if args.examples < 1:
@@ -131,11 +131,8 @@ def _pretrain_fuser(args) -> int:
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
     fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
     folder = fuser.save_pretrained(pair_folder(args.registry, transmitter.name, receiver.name))
-    k = max(1, len(losses) // 10)
     summary = {"receiver": args.receiver, "transmitter": args.transmitter, "corpus": str(corpus),
-               "examples": len(examples), "steps": len(losses),
-               "first_loss": round(sum(losses[:k]) / k, 4),
-               "last_loss": round(sum(losses[-k:]) / k, 4), "gates_on": fuser.gates_on(),
+               "examples": len(examples), **loss_summary(losses), "gates_on": fuser.gates_on(),
                "config": asdict(cfg)}
     (folder / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))

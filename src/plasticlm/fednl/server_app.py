@@ -56,6 +56,11 @@ class ThetaAverage(FedAvg):
         self.record[f"sent_{kind}"] = len(msgs)
         return msgs
 
+    @property
+    def max_reply_bytes(self) -> int:
+        """Theta in float32 twice over, plus room for metadata."""
+        return 2 * sum(t.numel() * 4 for t in self.reference.values()) + 65536
+
     def configure_train(self, server_round, arrays, config, grid):
         self.reference = unpack_theta(arrays)
         self.record = {"round": server_round + self.offset, "t0": time.time()}
@@ -93,10 +98,9 @@ class ThetaAverage(FedAvg):
     def _size_problem(self, m: Message) -> str | None:
         """A reply larger than theta in float32 (with room for metadata) is refused before
         its arrays become tensors."""
-        limit = 2 * sum(t.numel() * 4 for t in self.reference.values()) + 65536
         size = m.content["arrays"].count_bytes()
-        return f"reply of {size} bytes, more than the {limit} theta can take" \
-            if size > limit else None
+        return f"reply of {size} bytes, more than the {self.max_reply_bytes} theta can take" \
+            if size > self.max_reply_bytes else None
 
     def _valid(self, replies, want_arrays: bool) -> list[Message]:
         ok, seen = [], set()

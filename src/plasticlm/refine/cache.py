@@ -17,6 +17,11 @@ from plasticlm.errors import PlasticError
 BYTES_PER_ELEMENT_ON_WIRE = 2  # caches travel as bf16, as in the paper's 88 KB/token figure
 
 
+def wire_bytes(layers: int, tokens: int, kv_heads: int, head_dim: int) -> int:
+    """Bytes of the keys and values of ``tokens`` tokens in ``layers`` layers, in bf16."""
+    return 2 * layers * tokens * kv_heads * head_dim * BYTES_PER_ELEMENT_ON_WIRE
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """What a model's cache looks like: depth, kv heads, head dim, and its RoPE frequencies."""
@@ -90,9 +95,7 @@ class KVCache:
     def wire_bytes(self, layers: list[int] | None = None) -> int:
         """Bytes needed to send the real (unpadded) tokens of ``layers`` (default all) in bf16."""
         layers = range(self.num_layers) if layers is None else sorted(set(layers))
-        tokens = int(self.mask.sum())
-        return 2 * len(layers) * tokens * self.num_kv_heads * self.head_dim * \
-            BYTES_PER_ELEMENT_ON_WIRE
+        return wire_bytes(len(layers), int(self.mask.sum()), self.num_kv_heads, self.head_dim)
 
     def delta(self, base: KVCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per-layer change (keys, values) from ``base`` to this cache (same shapes)."""

@@ -24,7 +24,12 @@ from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbo
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.probe import ProbeItem, probe_table
-from plasticlm.refine.train import FuserTrainConfig, prepare_examples, train_fusers
+from plasticlm.refine.train import (
+    FuserTrainConfig,
+    loss_summary,
+    prepare_examples,
+    train_fusers,
+)
 from plasticlm.runs import RunDir
 
 ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",
@@ -177,10 +182,7 @@ class Ladder:
         for seed in range(min(len(self.scores[label]) for label in labels), self.cfg.seeds):
             t0 = time.time()
             got, losses, gate = run_seed(seed)
-            k = max(1, len(losses) // 10)
-            info = {"seconds": round(time.time() - t0, 1), "steps": len(losses),
-                    "first_loss": round(sum(losses[:k]) / k, 4),
-                    "last_loss": round(sum(losses[-k:]) / k, 4)}
+            info = {"seconds": round(time.time() - t0, 1), **loss_summary(losses)}
             for label in labels:
                 self.scores[label] = self.scores[label][:seed] + [got[label]]
                 self.training[label] = self.training[label][:seed] + [info]

@@ -21,9 +21,9 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import generate_texts
 from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import (
-    BYTES_PER_ELEMENT_ON_WIRE,
     KVCache,
     extract_cache,
+    wire_bytes,
 )
 from plasticlm.refine.decode import Prepared, argmax, greedy_decode, score_choices
 from plasticlm.refine.fuser import Fuser
@@ -83,8 +83,8 @@ class Answer:
 
 def _cache_bytes(fuser: Fuser, tokens: int) -> int:
     c = fuser.config
-    return 2 * len(fuser.transmitter_layers_read) * tokens * c.transmitter_kv_heads * \
-        c.transmitter_head_dim * BYTES_PER_ELEMENT_ON_WIRE
+    return wire_bytes(len(fuser.transmitter_layers_read), tokens, c.transmitter_kv_heads,
+                      c.transmitter_head_dim)
 
 
 class FedRefine:

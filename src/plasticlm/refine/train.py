@@ -154,6 +154,13 @@ def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
             for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]
 
 
+def loss_summary(losses: list[float]) -> dict:
+    """Steps and the mean loss of the first and last tenth of them."""
+    k = max(1, len(losses) // 10)
+    return {"steps": len(losses), "first_loss": round(sum(losses[:k]) / k, 4),
+            "last_loss": round(sum(losses[-k:]) / k, 4)}
+
+
 def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                 cfg: FuserTrainConfig | None = None, progress: bool = True,
                 log=None, prepared: list[_Prepared] | None = None) -> tuple[Fuser, list[float]]:
