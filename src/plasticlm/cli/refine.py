@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from plasticlm.cli.options import add_config_options, load_from_args
 from plasticlm.run_report import write_report
@@ -62,7 +63,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--choices", default="", help="'|'-separated answer choices: score them "
                    "instead of generating")
     q.add_argument("--max-new-tokens", type=int, default=24)
+    q.add_argument("--peer", action="append", default=[], help="URL of a remote transmitter "
+                   "(`refine serve`); its fuser comes from --registry (a folder or URL)")
+    q.add_argument("--quant", default="bf16", help="how remote transmitters send their "
+                   "caches: float32, bf16, int8 or fp8")
+    q.add_argument("--timeout", type=float, default=30.0, help="seconds before a peer is "
+                   "skipped")
+    q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
     q.set_defaults(func=_ask)
+
+    q = rsub.add_parser("serve", help="serve one model as a network peer",
+                        description="Serve one model over HTTP (FastAPI on uvicorn): /prefill "
+                        "returns its cache of a text, /answer answers with the caches in the "
+                        "request, /ask answers helped by the --peer services it may consult. "
+                        "Fusers come from --registry (a folder or a registry URL).")
+    q.add_argument("--model", required=True, help="a folder, a hub id, or sandbox:NAME")
+    q.add_argument("--registry", default="", help="fuser registry folder or URL (needed to "
+                   "answer with caches)")
+    q.add_argument("--peer", action="append", default=[], help="URL of a peer this receiver "
+                   "may ask for help (/ask); repeat for several")
+    q.add_argument("--quant", default="bf16", help="how this receiver asks its peers to "
+                   "send caches: float32, bf16, int8 or fp8")
+    _service_options(q, 8701)
+    q.set_defaults(func=_serve)
+
+    q = rsub.add_parser("registry", help="serve a fuser registry folder",
+                        description="Serve REGISTRY/<T>--to--<R>/ fusers (written by "
+                        "`refine pretrain-fuser`) over HTTP: GET /pairs, GET "
+                        "/fusers/<T>/<R> (safetensors).")
+    q.add_argument("--folder", default="fusers", help="registry folder (default: fusers)")
+    _service_options(q, 8700)
+    q.set_defaults(func=_registry)
 
     q = rsub.add_parser("experiment", help="accuracy, latency and bytes of every mode",
                         description="'modes' (the default): train fusers and measure every "
@@ -73,6 +104,69 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
                        "plasticlm.refine.ladder:TransferConfig", quick="refine/transfer-quick")
     q.set_defaults(func=_experiment)
+
+
+def _service_options(q: argparse.ArgumentParser, port: int) -> None:
+    q.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                   "loopback; 0.0.0.0 for every interface)")
+    q.add_argument("--port", type=int, default=port)
+    q.add_argument("--tls-cert", default="", help="TLS certificate (PEM); with --tls-key")
+    q.add_argument("--tls-key", default="")
+    q.add_argument("--max-payload-mb", type=float, default=64.0, help="largest request body")
+    q.add_argument("--timeout", type=float, default=30.0, help="seconds before a peer is "
+                   "skipped")
+    q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
+
+
+def _token() -> str | None:
+    # From the environment, not argv: a command line is visible to every user of the machine.
+    return os.environ.get("PLASTICLM_TOKEN") or None
+
+
+def _service_config(args, **kw):
+    from plasticlm.errors import PlasticError
+    from plasticlm.refine.codec import check_quant
+    from plasticlm.refine.service import ServiceConfig
+
+    check_quant(getattr(args, "quant", "bf16"))
+    if args.max_payload_mb <= 0:
+        raise PlasticError(f"--max-payload-mb must be > 0, not {args.max_payload_mb}")
+    return ServiceConfig(token=_token(), max_payload_bytes=int(args.max_payload_mb * 2**20),
+                         peer_timeout=args.timeout, verify=args.ca or True, **kw)
+
+
+def _serve(args) -> int:
+    from plasticlm.refine.peer import load_peer
+    from plasticlm.refine.remote import FuserSource
+    from plasticlm.refine.service import peer_app, serve
+
+    config = _service_config(args, peers=args.peer, quant=args.quant)
+    fusers = FuserSource(args.registry, config.token, args.timeout, config.verify) \
+        if args.registry else None
+    peer = load_peer(args.model)
+    scheme = "https" if args.tls_cert else "http"
+    print(f"peer {peer.name} on {scheme}://{args.host}:{args.port}"
+          f"{' (token required)' if config.token else ''}", flush=True)
+    serve(peer_app(peer, fusers, config), args.host, args.port, args.tls_cert, args.tls_key)
+    return 0
+
+
+def _registry(args) -> int:
+    from pathlib import Path
+
+    from plasticlm.errors import PlasticError
+    from plasticlm.refine.registry import registered_pairs
+    from plasticlm.refine.service import registry_app, serve
+
+    if not Path(args.folder).is_dir():
+        raise PlasticError(f"registry folder {args.folder} does not exist; fill it with "
+                           "`plasticlm refine pretrain-fuser --registry FOLDER`")
+    config = _service_config(args)
+    scheme = "https" if args.tls_cert else "http"
+    print(f"registry of {len(registered_pairs(args.folder))} fusers on "
+          f"{scheme}://{args.host}:{args.port}", flush=True)
+    serve(registry_app(args.folder, config), args.host, args.port, args.tls_cert, args.tls_key)
+    return 0
 
 
 def _split(text: str) -> list[str]:
@@ -140,18 +234,48 @@ def _pretrain_fuser(args) -> int:
     return 0
 
 
+def _ask_remote_receiver(args) -> int:
+    """``--receiver URL``: the receiver's own service answers, asking its configured peers."""
+    from plasticlm.refine.remote import call_peer, http_client
+
+    body = {"prompt": args.prompt, "mode": args.mode, "max_new_tokens": args.max_new_tokens,
+            "private": args.private, "order": args.order,
+            "choices": [c for c in args.choices.split("|") if c.strip()]}
+    r = call_peer(http_client(args.timeout * 4, args.ca or True), "POST",
+              f"{args.receiver.rstrip('/')}/ask", _token(), json=body)
+    print(json.dumps(r.json(), indent=1))
+    return 0
+
+
 def _ask(args) -> int:
     from plasticlm.errors import PlasticError
     from plasticlm.refine.fuser import Fuser
     from plasticlm.refine.modes import FedRefine, Link, RefineConfig
     from plasticlm.refine.peer import load_peer
 
-    if args.registry:
-        from plasticlm.refine.registry import load_registered
+    if args.receiver.startswith(("http://", "https://")):
+        return _ask_remote_receiver(args)
+    skipped: list[str] = []
+    if args.registry or args.peer:
+        from plasticlm.refine.codec import check_quant
+        from plasticlm.refine.remote import FuserSource, PeerUnavailable, RemotePeer
 
+        check_quant(args.quant)
+        if not args.registry and args.mode != "t2t":
+            raise PlasticError("remote transmitters' fusers come from a registry: give "
+                               "--registry FOLDER_OR_URL (or use --mode t2t)")
         receiver = load_peer(args.receiver)
+        fusers = FuserSource(args.registry, _token(), args.timeout, args.ca or True) \
+            if args.registry else None
         peers = [load_peer(t) for t in args.transmitter]
-        links = [Link(p, load_registered(args.registry, p.name, receiver.name)) for p in peers]
+        for url in args.peer:
+            remote = RemotePeer(url, _token(), args.timeout, args.quant, args.ca or True)
+            try:
+                peers.append(remote.connect())   # a peer that is down is skipped and named
+            except PeerUnavailable as e:
+                skipped.append(str(e))
+        links = [Link(p, fusers.fuser(p.name, receiver.name) if fusers else None)
+                 for p in peers]
     else:
         if len(args.transmitter) != len(args.fuser):
             raise PlasticError(f"{len(args.transmitter)} --transmitter but {len(args.fuser)} "
@@ -181,6 +305,10 @@ def _ask(args) -> int:
             out["rephrased"] = a.rephrased
         if a.partner_text is not None:
             out["partner_answer"] = a.partner_text
+    if args.peer:
+        out["took_part"] = [link.peer.name for link in fr.links_for(args.mode)]
+        out["skipped"] = skipped
+        out["seconds"] = s.seconds if args.choices else a.seconds
     print(json.dumps(out, indent=1))
     return 0
 

@@ -115,12 +115,48 @@ def align_tokens(receiver_tokenizer, transmitter_tokenizer, text: str) -> TokenA
         raise PlasticError(f"text {text!r} encodes to no tokens; give a non-empty prompt")
     rids, rshift = _with_bos(receiver_tokenizer, rids)
     tids, tshift = _with_bos(transmitter_tokenizer, tids)
-    ends = [e for _, e in toffs]
+    return TokenAlignment(rids, tids, _index([e for _, e in roffs], [e for _, e in toffs],
+                                             rshift, tshift))
+
+
+def _index(receiver_ends: list[int], transmitter_ends: list[int], rshift: int, tshift: int
+           ) -> list[int]:
     index = [0] * rshift
     j = 0
-    for _, end in roffs:
+    for end in receiver_ends:
         # First transmitter token whose span reaches the receiver token's last character.
-        while j < len(ends) - 1 and ends[j] < end:
+        while j < len(transmitter_ends) - 1 and transmitter_ends[j] < end:
             j += 1
         index.append(j + tshift)
-    return TokenAlignment(rids, tids, index)
+    return index
+
+
+def token_ends(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """``text``'s token ids with one BOS and the end character of each token (BOS: 0): what a
+    transmitter sends so that a receiver can align without its tokenizer."""
+    enc = _offsets(tokenizer, text)
+    if enc is not None:
+        ids, ends = enc[0], [e for _, e in enc[1]]
+    else:   # slow tokenizers: the length of the decoded prefix after each token
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ends = [len(tokenizer.decode(ids[: i + 1])) for i in range(len(ids))]
+    if not ids:
+        raise PlasticError(f"text {text!r} encodes to no tokens; give a non-empty prompt")
+    ids, shift = _with_bos(tokenizer, ids)
+    return ids, [0] * shift + ends
+
+
+def align_to_ends(receiver_tokenizer, text: str, transmitter_ends: list[int],
+                  transmitter_bos: bool) -> tuple[list[int], list[int]]:
+    """Receiver ids of ``text`` (one BOS) and, for each, the position of a remote transmitter's
+    token to read, from the end characters the transmitter sent (:func:`token_ends`)."""
+    r = _offsets(receiver_tokenizer, text)
+    if r is None:
+        raise PlasticError("aligning with a remote transmitter needs a fast receiver tokenizer "
+                           "(character offsets)")
+    rids, roffs = r
+    if not rids:
+        raise PlasticError(f"text {text!r} encodes to no tokens; give a non-empty prompt")
+    rids, rshift = _with_bos(receiver_tokenizer, rids)
+    tshift = 1 if transmitter_bos else 0
+    return rids, _index([e for _, e in roffs], transmitter_ends[tshift:], rshift, tshift)

@@ -86,7 +86,8 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[2]
+        # token_ids, not keys[0]: a received cache leaves the layers it was not sent empty
+        return self.token_ids.shape[1]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -120,6 +121,13 @@ class KVCache:
                        values=[v[:, :, :end] for v in self.values],
                        token_ids=self.token_ids[:, :end], positions=self.positions[:, :end],
                        mask=self.mask[:, :end])
+
+    def drop_first(self, n: int) -> KVCache:
+        """All but the first ``n`` positions (the rest keep their positions)."""
+        return replace(self, keys=[k[:, :, n:] for k in self.keys],
+                       values=[v[:, :, n:] for v in self.values],
+                       token_ids=self.token_ids[:, n:], positions=self.positions[:, n:],
+                       mask=self.mask[:, n:])
 
     def cat(self, other: KVCache) -> KVCache:
         """This cache then ``other`` along positions (both in this model's space)."""

@@ -24,6 +24,7 @@ class Prepared:
     background: list[str] = field(default_factory=list)
     rephrased: list[str] = field(default_factory=list)
     start: int | None = None       # position of tail[0] (None: right after the cache)
+    seconds: dict[str, float] = field(default_factory=dict)   # time per step so far
 
 
 def start_positions(prep: Prepared, batch: int = 1) -> torch.Tensor | None:

@@ -263,12 +263,24 @@ class Fuser(nn.Module):
         except (json.JSONDecodeError, TypeError, AttributeError) as e:
             raise PlasticError(f"{folder / CONFIG_NAME} is not a fuser config ({e}); train the "
                                "fuser again with `plasticlm refine train-fuser`") from None
-        state = load_tensors(folder / WEIGHTS_NAME, "fuser weights")
+        return cls.from_state(config, load_tensors(folder / WEIGHTS_NAME, "fuser weights"),
+                              str(folder / WEIGHTS_NAME))
+
+    @classmethod
+    def from_state(cls, config: FuserConfig, state: dict[str, torch.Tensor], source: str
+                   ) -> Fuser:
+        """A fuser of ``config`` holding ``state`` (its state dict, read from ``source``)."""
+        for side, dim in (("receiver", config.receiver_head_dim),
+                          ("transmitter", config.transmitter_head_dim)):
+            freq = state.get(f"{side}_inv_freq")
+            if freq is not None and tuple(freq.shape) != (dim // 2,):
+                raise PlasticError(f"{source} does not match its config ({side} RoPE "
+                                   f"frequencies {tuple(freq.shape)}, head dim {dim})")
         fuser = cls(config, state.get("receiver_inv_freq", torch.zeros(0)),
                     state.get("transmitter_inv_freq", torch.zeros(0)))
         try:
             fuser.load_state_dict(state)
         except RuntimeError as e:
-            raise PlasticError(f"{folder / WEIGHTS_NAME} does not match its config "
+            raise PlasticError(f"{source} does not match its config "
                                f"({str(e).splitlines()[0]})") from None
         return fuser.eval()

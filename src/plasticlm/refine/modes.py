@@ -18,16 +18,11 @@ from dataclasses import dataclass, field
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import generate_texts
-from plasticlm.refine.align import align_tokens
-from plasticlm.refine.cache import (
-    KVCache,
-    extract_cache,
-    wire_bytes,
-)
+from plasticlm.refine.align import align_to_ends, align_tokens
+from plasticlm.refine.cache import KVCache, extract_cache
 from plasticlm.refine.decode import Prepared, argmax, greedy_decode, score_choices
 from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.peer import Peer, as_batch, prompt_ids, transmitter_ids
+from plasticlm.refine.peer import Peer, Transmitter, as_batch, prompt_ids
 from plasticlm.refine.rephrase import rephrase
 
 MODES = ("alone", "t2t", "c2c", "multi", "co-c2c")
@@ -38,10 +33,10 @@ ORDERS = ("parallel", "sequence")
 
 @dataclass
 class Link:
-    """A transmitter and the fuser that carries its cache into the receiver (None: the
-    transmitter can only help by text, mode t2t)."""
+    """A transmitter (a :class:`Peer` here, or a remote one) and the fuser that carries its
+    cache into the receiver (None: the transmitter can only help by text, mode t2t)."""
 
-    peer: Peer
+    peer: Transmitter
     fuser: Fuser | None = None
 
 
@@ -68,6 +63,7 @@ class Scored:
     wire_bytes: int
     partner_scores: list[float] | None = None   # co-c2c: the other model's refined answer
     partner_choice: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict)   # per step
 
 
 @dataclass
@@ -79,12 +75,11 @@ class Answer:
     background: list[str] = field(default_factory=list)
     rephrased: list[str] = field(default_factory=list)
     partner_text: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)   # per step
 
 
-def _cache_bytes(fuser: Fuser, tokens: int) -> int:
-    c = fuser.config
-    return wire_bytes(len(fuser.transmitter_layers_read), tokens, c.transmitter_kv_heads,
-                      c.transmitter_head_dim)
+def _add_time(seconds: dict[str, float], step: str, t: float) -> None:
+    seconds[step] = seconds.get(step, 0.0) + t
 
 
 class FedRefine:
@@ -109,7 +104,9 @@ class FedRefine:
 
     # -- preparing the receiver's state ------------------------------------------------------
 
-    def _links_for(self, mode: str, n: int | None) -> list[Link]:
+    def links_for(self, mode: str, n: int | None = None) -> list[Link]:
+        """The links ``mode`` uses (c2c and co-c2c: the first; multi and t2t: the first
+        ``n``, default all)."""
         if mode in ("alone",):
             return []
         if not self.links:
@@ -123,18 +120,29 @@ class FedRefine:
         cache, _ = extract_cache(self.receiver.model, as_batch(ids[:-1]), model_name=self.receiver.name)
         return Prepared(cache, ids[-1:], ids)
 
-    def _transmit_text(self, prompt: str) -> str:
+    def _transmit_text(self, prompt: str, seconds: dict[str, float]) -> str:
         if not self.config.private:
             return prompt
+        t0 = time.perf_counter()
         r = self.rephraser
-        return rephrase(prompt, r.model if r else None, r.tokenizer if r else None)[0]
+        text = rephrase(prompt, r.model if r else None, r.tokenizer if r else None)[0]
+        _add_time(seconds, "rephrase", time.perf_counter() - t0)
+        return text
+
+    def _transmit(self, link: Link, text: str, seconds: dict[str, float]):
+        c = link.fuser.config
+        sent = link.peer.prefill(text, c.draft_tokens if c.mode == "prefix" else 0,
+                                 link.fuser.transmitter_layers_read, c.share)
+        for step, t in sent.seconds.items():
+            _add_time(seconds, step, t)
+        return sent
 
     def prepare(self, prompt: str, mode: str = "c2c", n_transmitters: int | None = None
                 ) -> Prepared:
         """The receiver's state for ``prompt`` in ``mode`` (co-c2c: see :meth:`co_prepare`)."""
         if mode not in MODES:
             raise PlasticError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        links = self._links_for(mode, n_transmitters)
+        links = self.links_for(mode, n_transmitters)
         by_mode = {"alone": lambda: self._alone(prompt),
                    "t2t": lambda: self._t2t(prompt, links),
                    "c2c": lambda: self._fused(prompt, links),
@@ -143,10 +151,12 @@ class FedRefine:
         return by_mode[mode]()
 
     def _t2t(self, prompt: str, links: list[Link]) -> Prepared:
-        text = self._transmit_text(prompt)
-        backgrounds = [generate_texts(link.peer.model, link.peer.tokenizer, [text],
-                                      self.config.t2t_max_new_tokens, stop=("\n",))[0]
+        seconds: dict[str, float] = {}
+        text = self._transmit_text(prompt, seconds)
+        t0 = time.perf_counter()
+        backgrounds = [link.peer.generate(text, self.config.t2t_max_new_tokens, ("\n",))
                        for link in links]
+        _add_time(seconds, "transmitter", time.perf_counter() - t0)
         full = prompt
         for bg in backgrounds:
             full = self.config.t2t_template.format(prompt=full, background=bg)
@@ -154,6 +164,7 @@ class FedRefine:
         prep.background = backgrounds
         prep.rephrased = [text] if self.config.private else []
         prep.wire_bytes = sum(len(text.encode()) + len(bg.encode()) for bg in backgrounds)
+        prep.seconds = seconds
         return prep
 
     def _fused(self, prompt: str, links: list[Link]) -> Prepared:
@@ -178,45 +189,48 @@ class FedRefine:
             raise PlasticError("all aligned fusers must agree on fuse_last")
         n_fused = len(ids) if fuse_last else len(ids) - 1
         own, _ = extract_cache(r.model, as_batch(ids[:n_fused]), model_name=r.name)
-        fused, wire = own, 0
+        fused, wire, seconds = own, 0, {}
         for link in links:
-            al = align_tokens(r.tokenizer, link.peer.tokenizer, prompt)
-            if al.receiver_ids != ids:
+            sent = self._transmit(link, prompt, seconds)
+            t0 = time.perf_counter()
+            receiver_ids, index = align_to_ends(r.tokenizer, prompt, sent.token_ends,
+                                                sent.has_bos)
+            if receiver_ids != ids:
                 raise PlasticError("receiver tokens differ between alignment and prompt "
                                    "encoding; the tokenizer is not deterministic")
-            t_cache, _ = extract_cache(link.peer.model, as_batch(al.transmitter_ids),
-                                       model_name=link.peer.name)
-            index = torch.tensor([al.index[:n_fused]])
             base = own if self.config.order == "parallel" else fused
-            out = link.fuser.fuse_aligned(base, t_cache, index)
+            out = link.fuser.fuse_aligned(base, sent.cache, torch.tensor([index[:n_fused]]))
             if self.config.order == "parallel":
                 fused = fused.add_delta(*out.delta(own))
             else:
                 fused = out
-            wire += len(prompt.encode()) + _cache_bytes(link.fuser, len(al.transmitter_ids))
-        return Prepared(fused, ids[-1:], ids, wire, start=len(ids) - 1)
+            _add_time(seconds, "fuse", time.perf_counter() - t0)
+            wire += len(prompt.encode()) + sent.wire_bytes
+        return Prepared(fused, ids[-1:], ids, wire, start=len(ids) - 1, seconds=seconds)
 
     def _prefix(self, prompt: str, links: list[Link]) -> Prepared:
         r = self.receiver
         ids = prompt_ids(r.tokenizer, prompt)
         has_bos = r.tokenizer.bos_token_id is not None and ids[0] == r.tokenizer.bos_token_id
-        text = self._transmit_text(prompt)
+        seconds: dict[str, float] = {}
+        text = self._transmit_text(prompt, seconds)
         start = 1 if has_bos else 0
         prefixes, wire = [], 0
         for link in links:
-            t_ids = transmitter_ids(link.peer, text, link.fuser.config.draft_tokens)
-            t_cache, _ = extract_cache(link.peer.model, as_batch(t_ids), model_name=link.peer.name)
-            p = link.fuser.prefix(t_cache, r.layout, start=start,
-                                  prompt_length=len(prompt_ids(link.peer.tokenizer, text)))
+            sent = self._transmit(link, text, seconds)
+            t0 = time.perf_counter()
+            p = link.fuser.prefix(sent.cache, r.layout, start=start, skip_first=not sent.first,
+                                  prompt_length=sent.prompt_tokens - sent.first)
+            _add_time(seconds, "fuse", time.perf_counter() - t0)
             prefixes.append(p)
             start += p.length
-            wire += len(text.encode()) + _cache_bytes(link.fuser, p.length)
+            wire += len(text.encode()) + sent.wire_bytes
         state = KVCache.concat(prefixes)
         if has_bos:
             bos, _ = extract_cache(r.model, as_batch(ids[:1]), model_name=r.name)
             state = bos.cat(state)
         return Prepared(state, ids[1:] if has_bos else ids, ids, wire,
-                        rephrased=[text] if self.config.private else [])
+                        rephrased=[text] if self.config.private else [], seconds=seconds)
 
     def co_prepare(self, prompt: str) -> tuple[Prepared, Prepared]:
         """Co-C2C: receiver and partner 0 refine each other over ``config.rounds`` exchanges
@@ -228,6 +242,9 @@ class FedRefine:
             raise PlasticError("co-c2c exchanges aligned caches; it has no private variant")
         a, link = self.receiver, self.links[0]
         b, f_ba, f_ab = link.peer, link.fuser, self.reverse_fuser
+        if not isinstance(b, Peer):
+            raise PlasticError("co-c2c runs both models in this process; give the partner as "
+                               "a local model, not a remote peer")
         if "prefix" in (f_ba.config.mode, f_ab.config.mode):
             raise PlasticError("co-c2c needs aligned fusers in both directions")
         f_ab.check(b.layout, a.layout)
@@ -243,7 +260,8 @@ class FedRefine:
         for _ in range(max(1, self.config.rounds)):
             a_new = f_ba.fuse_aligned(a_own, b_send, idx_ab)
             b_new = f_ab.fuse_aligned(b_own, a_send, idx_ba)
-            wire += _cache_bytes(f_ba, b_send.length) + _cache_bytes(f_ab, a_send.length)
+            wire += (b_send.wire_bytes(f_ba.transmitter_layers_read)
+                     + a_send.wire_bytes(f_ab.transmitter_layers_read))
             a_send, b_send = a_new, b_new
         ids_a, ids_b = al_ab.receiver_ids, al_ba.receiver_ids
         wire += len(prompt.encode())
@@ -263,10 +281,12 @@ class FedRefine:
             prep, partner = self.co_prepare(prompt)
         else:
             prep, partner = self.prepare(prompt, mode, n_transmitters), None
+        t1 = time.perf_counter()
         scores = score_choices(self.receiver.model, self.receiver.tokenizer, prep, prompt,
                                choices)
         ttft = time.perf_counter() - t0
-        out = Scored(scores, argmax(scores), ttft, 0.0, prep.wire_bytes)
+        out = Scored(scores, argmax(scores), ttft, 0.0, prep.wire_bytes,
+                     seconds={**prep.seconds, "decode": time.perf_counter() - t1})
         if partner is not None:
             b = self.links[0].peer
             out.partner_scores = score_choices(b.model, b.tokenizer, partner, prompt, choices)
@@ -283,10 +303,12 @@ class FedRefine:
             prep, partner = self.co_prepare(prompt)
         else:
             prep, partner = self.prepare(prompt, mode, n_transmitters), None
+        t1 = time.perf_counter()
         text, first = greedy_decode(self.receiver.model, self.receiver.tokenizer, prep,
                                     max_new_tokens, stop)
         answer = Answer(text, first - t0, time.perf_counter() - t0, prep.wire_bytes,
-                        prep.background, prep.rephrased)
+                        prep.background, prep.rephrased,
+                        seconds={**prep.seconds, "decode": time.perf_counter() - t1})
         if partner is not None:
             b = self.links[0].peer
             answer.partner_text = greedy_decode(b.model, b.tokenizer, partner, max_new_tokens,

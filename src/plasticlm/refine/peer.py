@@ -3,21 +3,67 @@ it is loaded, how a prompt and an answer become its token ids, and the transmitt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import encode_with_bos
+from plasticlm.eval import encode_with_bos, generate_texts
 from plasticlm.models import load_causal_lm
-from plasticlm.refine.cache import KVLayout, kv_layout
+from plasticlm.refine.align import token_ends
+from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
 from plasticlm.sandbox import resolve_model_spec
 
 
 @dataclass
+class Transmission:
+    """What a transmitter sends for one text: its cache (batch 1; layers not sent are empty),
+    the end character of each token in the text (BOS: 0) for aligning with the receiver's
+    tokens, how many tokens the prompt had before any drafted ones, and the bytes it took."""
+
+    cache: KVCache
+    token_ends: list[int]
+    prompt_tokens: int
+    layers: list[int]
+    text_sha256: str = ""
+    wire_bytes: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    first: int = 0              # positions of the text not sent (share="draft")
+
+    @property
+    def has_bos(self) -> bool:
+        # a real token ends after at least one character; only BOS ends at 0
+        return bool(self.token_ends) and self.token_ends[0] == 0
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 of a prompt, so a receiver can check a cache was made for its prompt."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Transmitter(Protocol):
+    """What a receiver needs of a transmitter, here or across the network."""
+
+    name: str
+
+    @property
+    def layout(self) -> KVLayout: ...
+
+    def prefill(self, text: str, draft_tokens: int = 0, layers: list[int] | None = None,
+                share: str = "all") -> Transmission: ...
+
+    def generate(self, text: str, max_new_tokens: int, stop: tuple[str, ...] = ("\n",)
+                 ) -> str: ...
+
+
+@dataclass
 class Peer:
-    """One device's LLM."""
+    """One device's LLM, in this process (a transmitter elsewhere is a ``RemotePeer`` with
+    the same ``prefill``/``generate``)."""
 
     name: str
     model: object
@@ -26,6 +72,32 @@ class Peer:
     @property
     def layout(self) -> KVLayout:
         return kv_layout(self.model)
+
+    @torch.no_grad()
+    def prefill(self, text: str, draft_tokens: int = 0, layers: list[int] | None = None,
+                share: str = "all") -> Transmission:
+        """This model's cache of ``text`` (one BOS; then up to ``draft_tokens`` greedy tokens
+        of its own), sending ``layers`` (default all). ``share="draft"`` sends only the
+        drafted positions (the last prompt position when nothing was drafted), so the
+        prompt's cache never leaves the device."""
+        t0 = time.perf_counter()
+        ids, ends = token_ends(self.tokenizer, text)
+        prompt_tokens = len(ids)
+        if draft_tokens > 0:
+            ids = transmitter_ids(self, text, draft_tokens)
+            ends = ends + [len(text)] * (len(ids) - prompt_tokens)
+        cache, _ = extract_cache(self.model, as_batch(ids), model_name=self.name)
+        first = min(max(1, prompt_tokens), len(ids) - 1) if share == "draft" else 0
+        if first:
+            cache, ends = cache.drop_first(first), ends[first:]
+        layers = list(range(cache.num_layers)) if layers is None else sorted(set(layers))
+        return Transmission(cache, ends, prompt_tokens, layers, text_digest(text),
+                            cache.wire_bytes(layers), {"prefill": time.perf_counter() - t0},
+                            first)
+
+    def generate(self, text: str, max_new_tokens: int, stop: tuple[str, ...] = ("\n",)) -> str:
+        """Greedy text after ``text`` (the background a t2t transmitter sends)."""
+        return generate_texts(self.model, self.tokenizer, [text], max_new_tokens, stop=stop)[0]
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
