@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.run_report import write_report
 
 
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--splits", default="dev,val", help="training splits, comma-separated")
     q.add_argument("--subjects", default="", help="comma-separated subjects (default all)")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_runtime_options(q)
     q.set_defaults(func=_train_fuser)
 
     q = rsub.add_parser("pretrain-fuser", help="pre-train a general fuser for one ordered pair "
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "<|endoftext|> (default: the sandbox world's general corpus)")
     q.add_argument("--examples", type=int, default=2000, help="general examples to train on")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_runtime_options(q)
     q.set_defaults(func=_pretrain_fuser)
 
     q = rsub.add_parser("ask", help="answer a prompt in one mode",
@@ -62,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--choices", default="", help="'|'-separated answer choices: score them "
                    "instead of generating")
     q.add_argument("--max-new-tokens", type=int, default=24)
+    add_runtime_options(q)
     q.set_defaults(func=_ask)
 
     q = rsub.add_parser("experiment", help="accuracy, latency and bytes of every mode",
@@ -72,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer"))
     add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
                        "plasticlm.refine.ladder:TransferConfig", quick="refine/transfer-quick")
+    add_runtime_options(q)
     q.set_defaults(func=_experiment)
 
 

@@ -87,6 +87,10 @@ def _cache_bytes(fuser: Fuser, tokens: int) -> int:
                       c.transmitter_head_dim)
 
 
+def _device(peer: Peer) -> torch.device:
+    return next(peer.model.parameters()).device
+
+
 class FedRefine:
     """A receiver with its transmitter links (and, for co-c2c, the fuser back to partner 0).
 
@@ -106,6 +110,9 @@ class FedRefine:
         for link in self.links:
             if link.fuser is not None:
                 link.fuser.check(receiver.layout, link.peer.layout)
+                link.fuser.to(_device(receiver))  # it writes into the receiver's cache
+        if reverse_fuser is not None and self.links:
+            reverse_fuser.to(_device(self.links[0].peer))
 
     # -- preparing the receiver's state ------------------------------------------------------
 
