@@ -35,10 +35,20 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
         assert len(r["clients"]) == 5
         assert {"local_acc", "fed_acc", "drop", "train_loss", "domain"} <= set(
             next(iter(r["clients"].values())))
+        # each client says where and in what it ran: the run's --device/--dtype (defaults)
+        assert {c["runtime"] for c in r["clients"].values()} == {"cpu float32"}
         assert r["bytes_up"] > 0 and r["bytes_down"] == 2 * r["bytes_up"]
         # the aggregated gate of every memory layer, per head, logged each round
         assert r["alpha"] and all(0 < a < 1 for v in r["alpha"].values() for a in v)
     assert records[-1]["alpha"] != records[0]["alpha"]  # the gate moves across rounds
+    # the progress line logged per round carries the round's metrics
+    from plasticlm.fednl.config import FedNLConfig
+    from plasticlm.fednl.server_app import progress_line
+
+    cfg = FedNLConfig.from_json((reference_run / "config.json").read_text())
+    line = progress_line(records[0], cfg)
+    assert line.startswith("fednl round 1/3: fed acc ") and "train loss" in line
+    assert "5 clients" in line and "MB up" in line
     summary = json.loads((reference_run / "summary.json").read_text())
     theta_bytes = summary["theta_bytes"]
     assert records[0]["bytes_up"] >= 5 * theta_bytes  # five clients each sent theta

@@ -107,6 +107,29 @@ def test_local_update_learns_the_clients_answers(method, tok, task):
         assert acc_ == acc0_ and not last_ < first_ - 0.05
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_a_round_on_a_bfloat16_base_trains_float32_theta(method, tok, task):
+    """--dtype bfloat16: the frozen base in bfloat16, theta (memory, LoRA) trained in float32
+    and sent as float32 CPU tensors; fedavg-full, which trains every weight, keeps float32.
+    Two rounds with personal state (FedALA, FedSSI) run and learn."""
+    torch.manual_seed(0)
+    window = 8 if method == "fednl" else 0
+    cfg = MethodConfig(name=method, local_steps=6, batch_size=4, ala_steps=2, lr=1e-2,
+                       full_lr=1e-2, window=window)
+    model = prepare_model(_base(tok).to(torch.bfloat16), cfg)
+    base_dtype = next(model.parameters()).dtype
+    assert base_dtype == (torch.float32 if method == "fedavg-full" else torch.bfloat16)
+    assert {p.dtype for p in trainable(model).values()} == {torch.float32}
+    state, theta, losses = {}, get_theta(model), []
+    for r in range(2):
+        theta, metrics = local_update(model, tok, task, theta, state, cfg, seed=r)
+        losses += [metrics["train_loss_first"], metrics["train_loss_last"]]
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu"
+               for v in [*theta.values(), *state.values()])
+    assert losses[-1] < losses[0], losses
+    assert 0.0 <= task.accuracy(model, tok) <= 1.0
+
+
 def test_the_memory_gate_opens_within_the_default_budget(tok, task):
     """With the default gate learning rate one local round moves some gate logit by > 0.1
     (at the LoRA rate, 2e-3, Adam moved it by < 0.1 in a whole run); the budget check warns

@@ -22,6 +22,12 @@ from safetensors.torch import load_file
 from plasticlm.errors import PlasticError
 
 THREADS_ENV = "PLASTICLM_THREADS"
+# Where and in which dtype models load (plasticlm.models.load_causal_lm); the command line's
+# --device/--dtype set them for the command and the processes it starts (see runtime()).
+DEVICE_ENV, DTYPE_ENV = "PLASTICLM_DEVICE", "PLASTICLM_DTYPE"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 def seed_everything(seed: int) -> None:
@@ -29,6 +35,75 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The device models run on: ``device`` when given, else ``$PLASTICLM_DEVICE``, else
+    "auto" (CUDA when present, else the CPU; Apple's MPS only when asked for, as not every
+    op runs there). A device this machine lacks is a :class:`PlasticError` saying what to
+    use instead."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    name = (device or os.environ.get(DEVICE_ENV, "") or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES[1:] or (index and (kind != "cuda" or not index.isdigit())):
+        raise PlasticError(f"unknown device {name!r}; use one of auto, cpu, cuda, cuda:N, mps")
+    if kind == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+        raise PlasticError(f"device {name!r}: CUDA is not available here (torch "
+                           f"{torch.__version__}, {build}); use --device cpu (or auto), or "
+                           f"unset ${DEVICE_ENV}")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise PlasticError(f"device {name!r}: this machine has {torch.cuda.device_count()} "
+                           f"CUDA device(s), numbered from 0")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise PlasticError(f"device {name!r}: Apple's MPS is not available here; use --device "
+                           "cpu (or auto)")
+    return torch.device(name)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> "bfloat16", as ``--dtype`` spells it."""
+    return str(dtype).removeprefix("torch.")
+
+
+def pick_dtype(dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """The dtype models load in: ``dtype`` when given, else ``$PLASTICLM_DTYPE``, else
+    float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = (dtype or os.environ.get(DTYPE_ENV, "") or "float32").strip().lower()
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise PlasticError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@contextlib.contextmanager
+def runtime(device: str | None = None, dtype: str | None = None
+            ) -> Iterator[tuple[torch.device, torch.dtype]]:
+    """``with runtime("cuda", "bfloat16"): ...`` loads every model of the block there and in
+    that dtype, here and in the processes the block starts (Flower's simulated clients,
+    local SuperNodes): the choice is checked up front, then travels as ``$PLASTICLM_DEVICE``
+    (resolved, never "auto", so that every process agrees) and ``$PLASTICLM_DTYPE``; both are
+    restored afterwards."""
+    chosen = pick_device(device), pick_dtype(dtype)
+    if chosen[0].type == "cuda" and chosen[1] == torch.bfloat16 \
+            and not torch.cuda.is_bf16_supported():
+        raise PlasticError("this GPU has no bfloat16; use --dtype float16 or float32")
+    names = {DEVICE_ENV: str(chosen[0]), DTYPE_ENV: dtype_name(chosen[1])}
+    previous = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    try:
+        yield chosen
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def set_threads(threads: int | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -11,7 +12,7 @@ from importlib import metadata
 
 from plasticlm import __version__
 from plasticlm.errors import PlasticError
-from plasticlm.runs import THREADS_ENV, threads
+from plasticlm.runs import THREADS_ENV, runtime, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
 COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol", "report", "bench")
@@ -26,9 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version",
                         version=f"plasticlm {__version__} (torch {_version('torch')}, "
                         f"transformers {_version('transformers')}, flwr {_version('flwr')})")
-    parser.add_argument("--log-level", default="WARNING",
+    parser.add_argument("--log-level", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                        help="level of plasticlm's log messages on stderr (default WARNING)")
+                        help="level of plasticlm's progress and status messages on stderr "
+                        "(default INFO; WARNING keeps only problems); results go to stdout")
     parser.add_argument("--threads", dest="global_threads", type=int, default=None, metavar="N",
                         help=f"torch intra-op threads for the whole command (default: "
                         f"${THREADS_ENV}, else every core); use 1 when other jobs share the "
@@ -44,6 +46,33 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (the log-line wrapper below,
+    a test's capture), not to the stream of the moment it was made."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+_HANDLER = _StderrHandler()
+_HANDLER.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                        datefmt="%H:%M:%S"))
+
+
+def setup_logging(level: str) -> None:
+    """The one logging set-up: the ``plasticlm`` logger (every module logs to a child of it)
+    at ``level`` on stderr, timestamped; stdout keeps the results."""
+    logger = logging.getLogger("plasticlm")
+    logger.setLevel(level)
+    if _HANDLER not in logger.handlers:
+        logger.addHandler(_HANDLER)
 
 
 class LogLines:
@@ -84,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("plasticlm").setLevel(args.log_level)
+    setup_logging(args.log_level)
     try:
-        with threads(args.global_threads):  # the thread policy, set once (plasticlm.runs)
+        # the thread policy and, for commands that load models, their device and dtype:
+        # set once here for the whole command (plasticlm.runs)
+        with threads(args.global_threads), _runtime(args):
             return args.func(args) or 0
     except PlasticError as e:
         print(f"plasticlm: error: {e}", file=sys.stderr)
@@ -95,6 +125,14 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)
         return 130
+
+
+def _runtime(args):
+    """The device and dtype of a command that loads models (``add_runtime_options``)."""
+    if not hasattr(args, "device"):  # the command loads no model
+        return contextlib.nullcontext()
+    return runtime(args.device, getattr(args, "dtype", None))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 import json
 
+from plasticlm.cli.options import add_runtime_options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the main job (minutes on 2 CPU cores; the first run "
@@ -18,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "stream of passages into the receiver's weights (SCoL).")
     p.add_argument("--quick", action="store_true", help="the seconds-long quick preset (tests)")
     p.add_argument("--out", default="runs/demo", help="run folder")
+    add_runtime_options(p)
     p.set_defaults(func=run_demo)
 
 
@@ -36,7 +39,8 @@ def _stories260k(run) -> None:
     folder = import_llama2c(src / "stories260K.bin", src / "tok512.bin",
                             cache_home() / "models" / "stories260K")
     model, tok = load_causal_lm(folder)
-    out = model.generate(torch.tensor([[tok.bos_token_id]]), max_new_tokens=40, do_sample=False,
+    out = model.generate(torch.tensor([[tok.bos_token_id]], device=model.device),
+                         max_new_tokens=40, do_sample=False,
                          pad_token_id=tok.pad_token_id)
     text = tok.decode(out[0], skip_special_tokens=True)
     print(f"greedy from BOS: {text!r}")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.run_report import write_report
+
+log = logging.getLogger("plasticlm.fednl")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="mmlu | niah | openbook | stream | memory | comm | all")
     add_config_options(q, "plasticlm.fednl.variants:ExperimentConfig",
                        quick="fednl/experiment-quick")
+    add_runtime_options(q)
     q.add_argument("--table-only", action="store_true",
                    help="print the table of the seeds finished so far; run nothing")
     q.set_defaults(func=_experiment)
@@ -50,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _config_args(q: argparse.ArgumentParser) -> None:
     add_config_options(q, "plasticlm.fednl.config:FedNLConfig", quick="fednl/quick")
+    add_runtime_options(q)
 
 
 EXPERIMENT_NAMES = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
@@ -85,7 +90,7 @@ def _compare(args) -> int:
     for name in [m.strip() for m in args.methods.split(",") if m.strip()]:
         cfg = dataclasses.replace(base, name=f"{base.name}-{name}",
                                   method=dataclasses.replace(base.method, name=name))
-        print(f"== {name} ==", flush=True)
+        log.info("compare: method %s", name)
         run_dir = run_federated(cfg)
         summaries.append(json.loads((run_dir / "summary.json").read_text()))
     table = comparison_table(summaries)

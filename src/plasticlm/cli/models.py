@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from plasticlm.cli.options import add_runtime_options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="import, build, inspect and sample causal LMs",
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = msub.add_parser("info", help="load a model and print its shape",
                         description="Load a model (local folder or hub id) and print a summary.")
     q.add_argument("model")
+    add_runtime_options(q)
     q.set_defaults(func=_info)
 
     q = msub.add_parser("generate", help="greedy or sampled continuation of a prompt",
@@ -33,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--prompt", default="", help="text to continue (empty: start from BOS)")
     q.add_argument("--max-new-tokens", type=int, default=64)
     q.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    add_runtime_options(q)
     q.set_defaults(func=_generate)
 
     q = msub.add_parser("build-tiny", help="save a random-initialised tiny Llama/Qwen2/Qwen3",
@@ -75,7 +79,8 @@ def _generate(args) -> int:
     if not ids or ids[0] != tok.bos_token_id:
         ids = [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids
     sample = args.temperature > 0
-    out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens,
+    out = model.generate(torch.tensor([ids], device=model.device),
+                         max_new_tokens=args.max_new_tokens,
                          do_sample=sample, temperature=args.temperature if sample else None,
                          top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
     print(tok.decode(out[0], skip_special_tokens=True))

@@ -7,6 +7,8 @@ import argparse
 import importlib
 from collections.abc import Callable
 
+from plasticlm.runs import DEVICE_ENV, DEVICES, DTYPE_ENV, DTYPES
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the key list's layout, and builds it only when help is shown (a callable
@@ -55,3 +57,25 @@ def load_from_args(cls, args, extra: list[str] = ()):
     if getattr(args, "quick", False):
         preset = preset_path(*args.quick_preset.split("/"))
     return load_config(cls, args.config, [*args.overrides, *extra], preset=preset)
+
+
+def add_runtime_options(p: argparse.ArgumentParser, float32_only: str = "") -> None:
+    """``--device`` and ``--dtype`` of every model the command loads; the CLI applies them
+    once for the whole command (``runs.runtime``). ``float32_only``: why this command's
+    weights stay float32 (its ``--dtype`` then refuses anything else, saying so)."""
+    p.add_argument("--device", default=None, metavar="|".join(DEVICES),
+                   help=f"where models run (default ${DEVICE_ENV}, else auto: CUDA when "
+                   "present, else the CPU); cuda:N picks a GPU")
+    if float32_only:
+        def only_float32(value: str) -> str:
+            if value not in ("float32", "fp32"):
+                raise argparse.ArgumentTypeError(f"{value!r}: this command runs in float32 "
+                                                 f"only ({float32_only})")
+            return value
+
+        p.add_argument("--dtype", default=None, type=only_float32, metavar="float32",
+                       help=f"float32 only: {float32_only}")
+        return
+    p.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+                   help=f"dtype the models load in (default ${DTYPE_ENV}, else float32); "
+                   "trained adapters (memory, LoRA, fusers) stay float32")

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.run_report import write_report
 
 
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--splits", default="dev,val", help="training splits, comma-separated")
     q.add_argument("--subjects", default="", help="comma-separated subjects (default all)")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_runtime_options(q)
     q.set_defaults(func=_train_fuser)
 
     q = rsub.add_parser("pretrain-fuser", help="pre-train a general fuser for one ordered pair "
@@ -43,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "<|endoftext|> (default: the sandbox world's general corpus)")
     q.add_argument("--examples", type=int, default=2000, help="general examples to train on")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_runtime_options(q)
     q.set_defaults(func=_pretrain_fuser)
 
     q = rsub.add_parser("ask", help="answer a prompt in one mode",
@@ -70,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--timeout", type=float, default=30.0, help="seconds before a peer is "
                    "skipped")
     q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
+    add_runtime_options(q)
     q.set_defaults(func=_ask)
 
     q = rsub.add_parser("serve", help="serve one model as a network peer",
@@ -85,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--quant", default="bf16", help="how this receiver asks its peers to "
                    "send caches: float32, bf16, int8 or fp8")
     _service_options(q, 8701)
+    add_runtime_options(q)
     q.set_defaults(func=_serve)
 
     q = rsub.add_parser("registry", help="serve a fuser registry folder",
@@ -103,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer"))
     add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
                        "plasticlm.refine.ladder:TransferConfig", quick="refine/transfer-quick")
+    add_runtime_options(q)
     q.set_defaults(func=_experiment)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.run_report import write_report
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     add_config_options(p, "plasticlm.scol.setup:ExperimentConfig", quick="scol/quick")
+    add_runtime_options(p, float32_only="SCoL merges LoRA deltas into the weights, and "
+                        "deltas of 1e-4 relative vanish in bfloat16")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -92,7 +94,7 @@ def _run(args) -> int:
 
     cfg = _config(args)
     _, tok = load_model(cfg)
-    policy = float32_master(load_causal_lm(args.policy)[0])
+    policy = float32_master(load_causal_lm(args.policy, dtype="float32")[0])
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
     _, stream = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
                               cfg.seed)

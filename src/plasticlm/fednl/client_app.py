@@ -20,7 +20,7 @@ from plasticlm.fednl.local import local_update
 from plasticlm.fednl.messages import pack_theta, unpack_theta
 from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta
-from plasticlm.runs import set_threads
+from plasticlm.runs import dtype_name, set_threads
 
 client_app = ClientApp()
 
@@ -36,9 +36,12 @@ def _client(msg: Message, context: Context):
     return cfg, pid, tasks[pid], model, tokenizer
 
 
-def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task) -> Message:
+def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task, model) -> Message:
+    param = next(model.parameters())  # the base model's: where and in what the client ran
+    runtime = f"{param.device} {dtype_name(param.dtype)}"
     content = RecordDict({"metrics": MetricRecord(metrics),
-                          "client": ConfigRecord({"name": task.name, "domain": task.domain})})
+                          "client": ConfigRecord({"name": task.name, "domain": task.domain,
+                                                  "runtime": runtime})})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content, reply_to=msg)
@@ -65,7 +68,7 @@ def client_train(msg: Message, context: Context) -> Message:
         save_client_state(state_dir, rnd, state)
     metrics.update({"num-examples": len(task.train), "partition-id": pid,
                     "train-seconds": time.time() - t0})
-    return _reply(msg, pack_theta(theta, cfg.transfer_dtype), metrics, task)
+    return _reply(msg, pack_theta(theta, cfg.transfer_dtype), metrics, task, model)
 
 
 @client_app.evaluate()
@@ -75,4 +78,4 @@ def client_evaluate(msg: Message, context: Context) -> Message:
     set_theta(model, unpack_theta(msg.content["arrays"]))
     acc = task.accuracy(model, tokenizer)
     return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,
-                              "fed-acc": acc}, task)
+                              "fed-acc": acc}, task, model)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -42,6 +43,8 @@ from plasticlm.fednl.variants import (
     variants,
 )
 from plasticlm.plotting import plt
+
+log = logging.getLogger("plasticlm.fednl")
 
 
 def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: bool) -> dict:
@@ -91,8 +94,8 @@ def run_accuracy_experiment(cfg: ExperimentConfig, progress: bool = True) -> dic
             results["runs"][key] = _score(cfg, v, seed, root, progress)
             r = results["runs"][key]
             if progress:
-                print(f"[fednl experiment] {cfg.experiment} seed {seed} {v.label}: "
-                      f"{100 * r['accuracy']:.1f}% ({r['seconds']:.0f} s)", flush=True)
+                log.info("experiment %s, seed %d, %s: %.1f%% (%.0f s)", cfg.experiment, seed,
+                         v.label, 100 * r["accuracy"], r["seconds"])
             path.write_text(json.dumps(results) + "\n")
     results["table"] = accuracy_table(cfg, results)
     path.write_text(json.dumps(results) + "\n")

@@ -7,7 +7,7 @@ import torch
 
 from plasticlm.fednl.methods import METHODS, MethodConfig, check_method
 from plasticlm.fednl.objective import answer_loss, param_groups
-from plasticlm.fednl.theta import get_theta, set_theta, trainable
+from plasticlm.fednl.theta import set_theta, trainable
 
 
 def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: MethodConfig,
@@ -18,6 +18,11 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
     """
     check_method(cfg.name)
     method = METHODS[cfg.name]
+    # the round runs where the model is: theta, anchors and personal state join it there,
+    # and go back to the CPU (the wire, the client's disk) at the end
+    device = next(model.parameters()).device
+    global_theta = _to(global_theta, device)
+    state.update(_to(state, device))
     batches = task.batches(tokenizer, cfg.local_steps + cfg.ala_steps, cfg.batch_size, seed)
     start = method.initial(model, global_theta, state, batches, cfg)
     set_theta(model, start)
@@ -43,9 +48,14 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
         losses.append(task_loss.item())
     model.eval()
 
-    theta = get_theta(model)
+    theta = {n: p.detach().float().clone() for n, p in params.items()}
     objective.finish(theta, start, state)
     method.keep(theta, state)
-    return theta, {"train_loss": sum(losses) / max(1, len(losses)),
+    state.update(_to(state, "cpu"))
+    return _to(theta, "cpu"), {"train_loss": sum(losses) / max(1, len(losses)),
                    "train_loss_first": losses[0] if losses else float("nan"),
                    "train_loss_last": losses[-1] if losses else float("nan")}
+
+
+def _to(tensors: dict, device) -> dict:
+    return {k: v.to(device) for k, v in tensors.items()}

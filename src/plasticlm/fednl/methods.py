@@ -19,6 +19,7 @@ Personalised state (ALA weights, SI importances, previous local theta) is a flat
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.fednl.objective import LocalObjective, answer_loss
 from plasticlm.fednl.theta import layer_of, set_theta, trainable
 from plasticlm.memory import attach_memory, save_pretrained
+
+log = logging.getLogger("plasticlm.fednl")
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
 
@@ -196,6 +199,10 @@ class FedAvgFull(FedMethod):
     name = "fedavg-full"
 
     def prepare(self, model, cfg):
+        if next(model.parameters()).dtype != torch.float32:
+            # Adam's steps of ~1e-4 relative vanish in bfloat16 weights: theta is float32
+            log.info("fedavg-full trains every weight: the model is kept in float32")
+            model = model.float()
         model = _windowed(model, cfg)
         for p in model.parameters():
             p.requires_grad_(True)

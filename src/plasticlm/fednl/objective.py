@@ -14,9 +14,10 @@ def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> to
     Batches are right-padded, so a causal model needs no attention mask: padding comes
     after every labelled position and cannot change its logits.
     """
-    logits = model(input_ids=ids).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                           ignore_index=-100)
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device)).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                           labels[:, 1:].flatten().to(device), ignore_index=-100)
 
 
 def is_gate_parameter(name: str) -> bool:

@@ -6,9 +6,9 @@ import json
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 
+import torch
 from flwr.simulation import run_simulation
 
 from plasticlm.errors import PlasticError
@@ -20,7 +20,16 @@ from plasticlm.fednl.report import plot_run, summarise
 from plasticlm.fednl.server_app import make_server_app
 from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
 from plasticlm.fednl.theta import set_theta
-from plasticlm.runs import THREADS_ENV, load_tensors
+from plasticlm.runs import (
+    DEVICE_ENV,
+    THREADS_ENV,
+    dtype_name,
+    load_tensors,
+    pick_device,
+    pick_dtype,
+)
+
+log = logging.getLogger("plasticlm.fednl")
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
 # one torch thread: the clients share the machine's cores.
@@ -61,27 +70,35 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
 
     warning = gate_check(cfg.method, cfg.rounds)
     if warning:
-        print(f"plasticlm: warning: {warning}", file=sys.stderr)
+        log.warning(warning)
     n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
     initial = initial_theta(cfg)
     _quiet_flower()
-    # Ray's worker processes inherit the environment; the ClientApp calls set_threads().
-    previous = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = str(CLIENT_CPUS)
+    # Ray's worker processes inherit the environment: the ClientApp calls set_threads(), and
+    # its models load on the device and in the dtype of runs.runtime (the command's flags).
+    resources = client_resources(pick_device(), backend_cpus)
+    env = {THREADS_ENV: str(CLIENT_CPUS)}
+    if resources["num_gpus"]:  # Ray hands each client its GPU as cuda:0 of its own
+        env[DEVICE_ENV] = "cuda"
+    previous = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    log.info("%s: %d rounds, %d clients on Flower's simulation runtime (%s, %s)", cfg.name,
+             cfg.rounds, n, pick_device(), dtype_name(pick_dtype()))
     try:
         run_simulation(
             server_app=make_server_app(cfg, run_dir, initial),
             client_app=client_app,
             num_supernodes=n,
-            backend_config={"client_resources": {"num_cpus": CLIENT_CPUS, "num_gpus": 0.0},
+            backend_config={"client_resources": resources,
                             "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
                                           "log_to_driver": False, "logging_level": "ERROR"}},
         )
     finally:
-        if previous is None:
-            os.environ.pop(THREADS_ENV, None)
-        else:
-            os.environ[THREADS_ENV] = previous
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
     done = Checkpointer(run_dir, cfg).committed_round()
     if done < cfg.rounds:
@@ -89,6 +106,14 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
                            f"above); continue it with --resume")
     finish(cfg, run_dir)
     return run_dir
+
+
+def client_resources(device: torch.device, backend_cpus: int) -> dict[str, float]:
+    """Ray resources of one simulated client: one CPU and, when the models run on CUDA, a
+    share of a GPU such that the clients running at once (one per backend CPU) fit on one
+    GPU; no GPU otherwise (Ray schedules no MPS)."""
+    gpus = 1.0 / max(1, backend_cpus // CLIENT_CPUS) if device.type == "cuda" else 0.0
+    return {"num_cpus": CLIENT_CPUS, "num_gpus": gpus}
 
 
 def finish(cfg: FedNLConfig, run_dir: Path) -> dict:

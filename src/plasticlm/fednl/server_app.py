@@ -150,6 +150,9 @@ class ThetaAverage(FedAvg):
                 "train_loss": float(m.content["metrics"]["train_loss"]),
                 **({"local_acc": float(m.content["metrics"]["local-acc"])}
                    if "local-acc" in m.content["metrics"] else {}),
+                # the device and dtype the client ran in, as it says (a short label only)
+                **({"runtime": str(m.content["client"]["runtime"])[:40]}
+                   if "runtime" in m.content["client"] else {}),
             } for m in ok}
         self.aggregate = theta
         # FedNL: the memory's share of each head after aggregation, so a gate that never
@@ -180,7 +183,26 @@ class ThetaAverage(FedAvg):
         fed = [c["fed_acc"] for c in rec["clients"].values() if "fed_acc" in c]
         rec["mean_fed_acc"] = sum(fed) / len(fed) if fed else float("nan")
         self.checkpointer.commit(rec["round"], self.aggregate, rec)
+        log.info(progress_line(rec, self.cfg))
         return MetricRecord({"mean-fed-acc": rec["mean_fed_acc"]})
+
+
+def progress_line(rec: dict, cfg: FedNLConfig) -> str:
+    """One committed round's metrics in a line: the clients' means and the round's costs."""
+    def mean(key: str) -> float | None:
+        values = [c[key] for c in rec["clients"].values() if key in c]
+        return sum(values) / len(values) if values else None
+
+    parts = [f"{cfg.method.name} round {rec['round']}/{cfg.rounds}:",
+             f"fed acc {rec['mean_fed_acc']:.3f}"]
+    for key, label in (("local_acc", "local acc"), ("drop", "drop"),
+                       ("train_loss", "train loss")):
+        value = mean(key)
+        if value is not None:
+            parts.append(f"{label} {value:.3f}")
+    parts.append(f"({len(rec['clients'])} clients, {rec.get('bytes_up', 0) / 1e6:.2f} MB up, "
+                 f"{rec['seconds']:.0f} s)")
+    return " ".join(parts[:1] + [", ".join(parts[1:-1])] + parts[-1:])
 
 
 def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,

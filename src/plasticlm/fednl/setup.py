@@ -35,9 +35,10 @@ def tasks_for(cfg: FedNLConfig) -> tuple[ClientTask, ...]:
 
 
 def build_model(cfg: FedNLConfig):
-    """(model with exactly theta trainable, tokenizer); theta's initial value depends only on
-    ``cfg.seed``, so the server and every client start from the same theta."""
-    model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model), dtype=torch.float32)
+    """(model with exactly theta trainable, tokenizer) on the run's device and in its dtype
+    (theta itself stays float32); theta's initial value depends only on ``cfg.seed``, so the
+    server and every client start from the same theta."""
+    model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model))
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = prepare_model(model, cfg.method)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -26,15 +27,19 @@ from plasticlm.fednl.variants import (
 )
 from plasticlm.memory import MemoryStream
 from plasticlm.plotting import plt
+from plasticlm.runs import dtype_name
 from plasticlm.sandbox import resolve_data_spec
 from plasticlm.sandbox.tasks import load_client_streams
+
+log = logging.getLogger("plasticlm.fednl")
 
 
 def stream_ce(model, tok, segments, bucket: int, window: int) -> list[float]:
     """Mean next-token cross-entropy per ``bucket`` tokens of one client stream (passages and
     answered questions, never reset), read with the model's window (0 = full attention)."""
     text = "\n".join(s.text if s.kind == "text" else qa_line(s.text, s.answer) for s in segments)
-    ids = torch.tensor([[tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]]])
+    ids = torch.tensor([[tok.bos_token_id, *tok(text, add_special_tokens=False)["input_ids"]]],
+                       device=next(model.parameters()).device)
     if window > 0:
         logits = MemoryStream(model, chunk_tokens=256).feed(ids)
     else:
@@ -69,8 +74,8 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
                               for i in range(k)],
             "last_bucket": dataclasses.asdict(seed_ci([c[k - 1] for c in per_seed]))}
         if progress:
-            print(f"[fednl experiment] stream {v.label}: last bucket "
-                  f"{out['variants'][v.label]['last_bucket']['mean']:.3f}", flush=True)
+            log.info("stream %s: last bucket %.3f", v.label,
+                     out["variants"][v.label]["last_bucket"]["mean"])
     lines = [f"| stream: variant | normalised CE, last {cfg.bucket_tokens}-token bucket "
              "[95% CI over seeds] | change | paper |", "|---|---|---|---|"]
     for label, r in out["variants"].items():
@@ -114,9 +119,10 @@ def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     base, _ = build_model(dataclasses.replace(fcfg, method=MethodConfig(name="fedavg",
                                                                          window=0)))
     cache, t0, i = DynamicCache(), time.time(), 0
+    param = next(base.parameters())
     for start in range(0, ids.shape[1], 512):
-        chunk = ids[:, start:start + 512]
-        positions = torch.arange(start, start + chunk.shape[1])[None]
+        chunk = ids[:, start:start + 512].to(param.device)
+        positions = torch.arange(start, start + chunk.shape[1], device=param.device)[None]
         out = base(input_ids=chunk, position_ids=positions, cache=cache, use_cache=True)
         cache = getattr(out, "cache", None) or cache
         if start + 512 in marks:
@@ -131,7 +137,8 @@ def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
                      f"{r['kv_bytes'] / 1024:.0f} | {r['kv_bytes'] / r['memory_bytes']:.1f}x |")
     out = {"config": dataclasses.asdict(cfg), "rows": rows,
            "table": "\n".join(lines) + "\n\nMeasured on the live stream state and DynamicCache "
-                    "(float32); the paper reports no OOM at 16K tokens for FedNL."}
+                    f"({dtype_name(param.dtype)}); the paper reports no OOM at "
+                    "16K tokens for FedNL."}
     root = Path(cfg.out) / "memory"
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.json").write_text(json.dumps(out, indent=1) + "\n")

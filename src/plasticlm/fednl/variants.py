@@ -4,6 +4,7 @@ the experiment's sizes, and the Flower run that trains each row's theta."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import load_tensors
+
+log = logging.getLogger("plasticlm.fednl")
 
 EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
 
@@ -122,7 +125,7 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
         FedNLConfig.from_json((run_dir / "config.json").read_text()).to_json() == fcfg.to_json()
     if not done:
         if progress:
-            print(f"[fednl experiment] {fcfg.name}: {fcfg.rounds} rounds on Flower", flush=True)
+            log.info("%s: %d rounds on Flower", fcfg.name, fcfg.rounds)
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_federated(fcfg)

@@ -5,25 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from plasticlm.errors import PlasticError
+from plasticlm.runs import pick_device, pick_dtype
 
 # The families every method is tested on; others load but are not promised to work.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-
-
-def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise PlasticError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}")
-    return names[dtype]
 
 
 def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
@@ -32,10 +22,12 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     A local folder is used as is. A hub id is looked up in the local Hugging Face cache
     first; when it is not there and the machine is offline (``HF_HUB_OFFLINE=1`` or no
     network), the error names the model and says how to provide it as a local path.
-    The model is returned in eval mode on ``device`` (CPU by default).
+    The model is returned in eval mode, in ``dtype`` on ``device``; by default those of the
+    run (the command's ``--dtype``/``--device``: :func:`plasticlm.runs.runtime`), else
+    float32 on CUDA when present, else on the CPU.
     """
     hf_logging.disable_progress_bar()  # a bar per shard of a local folder is noise
-    torch_dtype = _parse_dtype(dtype)
+    torch_dtype, device = pick_dtype(dtype), pick_device(device)
     path = Path(name_or_path).expanduser()
     is_local = path.exists()
     if is_local and not (path / "config.json").exists():
@@ -63,14 +55,13 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
         ) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    if device is not None:
-        model.to(device)
+    model.to(device)
     model.eval()
     return model, tokenizer
 
 
 def describe(model) -> dict:
-    """A small summary of a causal LM: type, depth, width, heads, parameters."""
+    """A small summary of a causal LM: type, depth, width, heads, parameters, dtype, device."""
     cfg = model.config
     return {
         "model_type": cfg.model_type,
@@ -82,4 +73,5 @@ def describe(model) -> dict:
         "vocab": cfg.vocab_size,
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "device": str(next(model.parameters()).device),
     }

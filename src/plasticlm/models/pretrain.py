@@ -59,6 +59,7 @@ def pack_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:
 
 def lm_loss(model, blocks: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of ``model`` on blocks ``[B, T+1]``."""
+    blocks = blocks.to(next(model.parameters()).device)
     logits = model(blocks[:, :-1]).logits
     return F.cross_entropy(logits.flatten(0, 1).float(), blocks[:, 1:].flatten())
 

@@ -122,6 +122,15 @@ class KVCache:
                        token_ids=self.token_ids[:, :end], positions=self.positions[:, :end],
                        mask=self.mask[:, :end])
 
+    def to(self, device) -> KVCache:
+        """This cache on ``device`` (itself when already there)."""
+        if self.token_ids.device == torch.device(device):
+            return self
+        return replace(self, keys=[k.to(device) for k in self.keys],
+                       values=[v.to(device) for v in self.values],
+                       token_ids=self.token_ids.to(device), positions=self.positions.to(device),
+                       mask=self.mask.to(device))
+
     def drop_first(self, n: int) -> KVCache:
         """All but the first ``n`` positions (the rest keep their positions)."""
         return replace(self, keys=[k[:, :, n:] for k in self.keys],

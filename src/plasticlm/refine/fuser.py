@@ -40,7 +40,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.refine.align import derotate, layer_map, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
 from plasticlm.refine.fuser_layers import C2CLayerFuser, LowRankLayerFuser
-from plasticlm.runs import load_tensors
+from plasticlm.runs import load_tensors, pick_device
 
 FUSION_MODES = ("aligned", "prefix")
 
@@ -249,8 +249,9 @@ class Fuser(nn.Module):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> Fuser:
-        """Load a fuser written by :meth:`save_pretrained`."""
+    def from_pretrained(cls, folder: str | Path, device=None) -> Fuser:
+        """Load a fuser written by :meth:`save_pretrained`, onto ``device`` (default: the
+        run's, as models load: :func:`plasticlm.runs.pick_device`)."""
         folder = Path(folder)
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "
@@ -264,12 +265,13 @@ class Fuser(nn.Module):
             raise PlasticError(f"{folder / CONFIG_NAME} is not a fuser config ({e}); train the "
                                "fuser again with `plasticlm refine train-fuser`") from None
         return cls.from_state(config, load_tensors(folder / WEIGHTS_NAME, "fuser weights"),
-                              str(folder / WEIGHTS_NAME))
+                              str(folder / WEIGHTS_NAME), device)
 
     @classmethod
-    def from_state(cls, config: FuserConfig, state: dict[str, torch.Tensor], source: str
-                   ) -> Fuser:
-        """A fuser of ``config`` holding ``state`` (its state dict, read from ``source``)."""
+    def from_state(cls, config: FuserConfig, state: dict[str, torch.Tensor], source: str,
+                   device=None) -> Fuser:
+        """A fuser of ``config`` holding ``state`` (its state dict, read from ``source``), on
+        ``device`` (default: the run's)."""
         for side, dim in (("receiver", config.receiver_head_dim),
                           ("transmitter", config.transmitter_head_dim)):
             freq = state.get(f"{side}_inv_freq")
@@ -283,4 +285,4 @@ class Fuser(nn.Module):
         except RuntimeError as e:
             raise PlasticError(f"{source} does not match its config "
                                f"({str(e).splitlines()[0]})") from None
-        return fuser.eval()
+        return fuser.to(pick_device(device)).eval()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from plasticlm.refine.train import (
     train_fusers,
 )
 from plasticlm.runs import RunDir
+
+log = logging.getLogger("plasticlm.refine")
 
 ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",
         "private", "multi", "co_c2c")
@@ -192,7 +195,7 @@ class Ladder:
                 acc = sum(got[label]) / len(self.test_items)
                 self.run.log(row=label, seed=seed, accuracy=acc, **info)
                 if self.cfg.progress:
-                    print(f"[transfer] {label} seed {seed}: {100 * acc:.1f}%", flush=True)
+                    log.info("transfer %s, seed %d: %.1f%%", label, seed, 100 * acc)
         self._prepared.clear()
 
     def single(self, label: str, peer: Peer, examples: list[Example], fcfg: FuserTrainConfig,

@@ -108,7 +108,8 @@ def _raw_features(cache: KVCache, layer: int) -> torch.Tensor:
                  cache.layout.rope_scaling)
     x = torch.cat([k, cache.values[layer].float()], dim=1)
     b, _, t, _ = x.shape
-    return x.permute(0, 2, 1, 3).reshape(b, t, -1)[cache.mask.bool()]
+    # on the CPU, where the attacker's small decoders train
+    return x.permute(0, 2, 1, 3).reshape(b, t, -1)[cache.mask.bool()].cpu()
 
 
 @dataclass

@@ -82,6 +82,10 @@ def _add_time(seconds: dict[str, float], step: str, t: float) -> None:
     seconds[step] = seconds.get(step, 0.0) + t
 
 
+def _device(peer: Peer) -> torch.device:
+    return next(peer.model.parameters()).device
+
+
 class FedRefine:
     """A receiver with its transmitter links (and, for co-c2c, the fuser back to partner 0).
 
@@ -101,6 +105,9 @@ class FedRefine:
         for link in self.links:
             if link.fuser is not None:
                 link.fuser.check(receiver.layout, link.peer.layout)
+                link.fuser.to(_device(receiver))  # it writes into the receiver's cache
+        if reverse_fuser is not None and self.links and isinstance(self.links[0].peer, Peer):
+            reverse_fuser.to(_device(self.links[0].peer))
 
     # -- preparing the receiver's state ------------------------------------------------------
 
@@ -133,6 +140,7 @@ class FedRefine:
         c = link.fuser.config
         sent = link.peer.prefill(text, c.draft_tokens if c.mode == "prefix" else 0,
                                  link.fuser.transmitter_layers_read, c.share)
+        sent.cache = sent.cache.to(_device(self.receiver))   # received caches arrive on CPU
         for step, t in sent.seconds.items():
             _add_time(seconds, step, t)
         return sent

@@ -150,8 +150,9 @@ def resolve_model(spec: str) -> tuple[str, Path | str]:
     return (name, Path(resolved)) if resolved != spec else (Path(spec).name or spec, spec)
 
 
-def load_peer(spec: str) -> Peer:
-    """The :class:`Peer` of a model spec (``sandbox:NAME``, a folder or a hub id), float32."""
+def load_peer(spec: str, dtype=None) -> Peer:
+    """The :class:`Peer` of a model spec (``sandbox:NAME``, a folder or a hub id), on the
+    run's device and in its dtype (``dtype`` overrides the latter)."""
     name, path = resolve_model(spec)
-    model, tok = load_causal_lm(path, dtype="float32")
+    model, tok = load_causal_lm(path, dtype=dtype)
     return Peer(name, model, tok)

@@ -55,7 +55,8 @@ def cache_features(peer, prompts: list[str]) -> dict[tuple[int, str], torch.Tens
                                                         else kv[0])
             out.setdefault((layer, "before_last"), []).append(kv[max(len(ids) - 2, 0)])
             out.setdefault((layer, "last"), []).append(kv[-1])
-    return {key: torch.stack(rows) for key, rows in out.items()}
+    # the probes are small models trained on the CPU
+    return {key: torch.stack(rows).cpu() for key, rows in out.items()}
 
 
 def probe_choice_accuracy(train_x: torch.Tensor, train_items: list[ProbeItem],

@@ -17,6 +17,7 @@ from plasticlm.refine.leakage import learned_inversion
 from plasticlm.refine.modes import FedRefine, Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rule_rephrase
+from plasticlm.runs import pick_dtype
 from plasticlm.sandbox import teach_facts
 from plasticlm.sandbox.pretrain import save_model_atomic
 
@@ -32,9 +33,9 @@ def taught_peer(run: Path, spec: str, name: str, facts: list[tuple[str, str]],
                                     sort_keys=True).encode()).hexdigest()
     stamp = folder / "taught.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
-        model, tok = load_causal_lm(folder, dtype="float32")
+        model, tok = load_causal_lm(folder)
         return Peer(name, model, tok)
-    peer = load_peer(spec)
+    peer = load_peer(spec, dtype="float32")  # taught in float32: small steps vanish in bf16
     blocks = pack_corpus(peer.tokenizer, corpus[:100], 128)[:32]
     before = evaluate_loss(peer.model, blocks)
     losses = teach_facts(peer.model, peer.tokenizer, facts, cfg.teach_steps, lr=cfg.teach_lr,
@@ -45,7 +46,7 @@ def taught_peer(run: Path, spec: str, name: str, facts: list[tuple[str, str]],
                                  "corpus_loss_before": before,
                                  "corpus_loss_after": evaluate_loss(peer.model, blocks)})
                      + "\n")
-    return Peer(name, peer.model, peer.tokenizer)
+    return Peer(name, peer.model.to(pick_dtype()), peer.tokenizer)
 
 
 class Facts:

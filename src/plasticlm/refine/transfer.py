@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 
 from plasticlm.refine.examples import Example, general_examples
@@ -57,6 +58,8 @@ from plasticlm.refine.taught import (
     oracle_rows,
     private_rows,
 )
+
+log = logging.getLogger("plasticlm.refine")
 
 PROBE_GATE_PP = 15.0      # the probe must beat the control's by this much at fused positions
 
@@ -74,8 +77,8 @@ def run_transfer(cfg: TransferConfig) -> dict:
         lad.probe_pair("probe", specialist, control)
     probe_rows, fused_best, last_best = probe_summary(lad.extra, "probe", lad.groups)
     if cfg.progress and probe_rows:
-        print(f"[transfer] probe gate: best specialist - control {100 * fused_best:+.1f} pp at "
-              f"fused positions, {100 * last_best:+.1f} pp at the last token", flush=True)
+        log.info("probe gate: best specialist - control %+.1f pp at fused positions, %+.1f pp "
+                 "at the last token", 100 * fused_best, 100 * last_best)
 
     lad.once("alone", FedRefine(receiver), "alone")
     if "t2t" in rows:

@@ -91,6 +91,8 @@ def train_drills(model, tokenizer, sentences: list[str], steps: int,
     if reading_share and world is None:
         raise ValueError("reading drills need the world (world=...)")
 
+    device = next(model.parameters()).device
+
     def loss_at(step: int) -> torch.Tensor:
         draw = random.Random(seed * 100_003 + step)
         length = draw.choice(lengths)
@@ -102,6 +104,7 @@ def train_drills(model, tokenizer, sentences: list[str], steps: int,
                                               batch_seed)
         else:
             ids, answer = niah_drill_batch(tokenizer, sentences, batch_size, length, batch_seed)
+        ids, answer = ids.to(device), answer.to(device)
         text = ids.masked_fill((answer != -100) | (ids == pad), -100)
         logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
         loss = F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
@@ -133,11 +136,13 @@ def teach_facts(model, tokenizer, facts: list[tuple[str, str]], steps: int,
     pairs = [encode_pair(tokenizer, p, a) for p, a in facts]
     pad = tokenizer.pad_token_id or 0
     blocks = pack_corpus(tokenizer, replay, replay_len) if replay else None
+    device = next(model.parameters()).device
 
     def loss_at(step: int) -> torch.Tensor:
         draw = random.Random(seed * 100_003 + step)
         ids, answer = _answer_batch([pairs[draw.randrange(len(pairs))]
                                      for _ in range(batch_size)], pad)
+        ids, answer = ids.to(device), answer.to(device)
         logits = model(input_ids=ids).logits[:, :-1].flatten(0, 1).float()
         loss = F.cross_entropy(logits, answer[:, 1:].flatten(), ignore_index=-100)
         if blocks is not None:

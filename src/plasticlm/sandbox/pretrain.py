@@ -9,6 +9,7 @@ on the same cores slows a run several-fold.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -43,6 +44,8 @@ from plasticlm.sandbox.tasks import write_world_tasks
 from plasticlm.sandbox.world import World, generate_world
 from plasticlm.sandbox.world_index import write_world
 
+log = logging.getLogger("plasticlm.sandbox")
+
 
 def save_model_atomic(model, tokenizer, out: Path) -> None:
     """Save an HF folder (model and tokenizer) so that a crash never leaves half a model."""
@@ -53,6 +56,12 @@ def save_model_atomic(model, tokenizer, out: Path) -> None:
 
 def write_json_atomic(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
+
+
+def _load(folder: Path):
+    """A member in float32 on the CPU, whatever the command's --device/--dtype: the family
+    (and its probe numbers) must not depend on the command that happened to build it."""
+    return load_causal_lm(folder, dtype="float32", device="cpu")
 
 
 def build_model(spec: ModelSpec, vocab_size: int, max_len: int):
@@ -106,12 +115,12 @@ def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Pa
     stage1 = ckpt / "pretrained"
     stage1_info = ckpt / "pretrained.json"
     if stage1_info.exists() and json.loads(stage1_info.read_text()).get("key") == key:
-        model, _ = load_causal_lm(stage1)
+        model, _ = _load(stage1)
         info = json.loads(stage1_info.read_text())["info"]
     else:
         blocks = pack_corpus(tok, corpus, p.seq_len)
         if spec.init_from:
-            model, _ = load_causal_lm(folder.with_name(spec.init_from))
+            model, _ = _load(folder.with_name(spec.init_from))
         else:
             model = build_model(spec, len(tok), max(2048, 4 * p.seq_len))
         losses = train_lm(model, blocks, spec.steps, batch_size=spec.batch_size, lr=spec.lr,
@@ -186,16 +195,15 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
         info_path = folder / "pretrain_info.json"
         info = json.loads(info_path.read_text()) if reuse and info_path.exists() else None
         if info is not None and info.get("key") == member_key(p, spec):
-            model, tok = load_causal_lm(folder)
+            model, tok = _load(folder)
         else:
             if progress:
-                print(f"[pretrain] {spec.name}: {spec.num_layers} x {spec.hidden_size} "
-                      f"{spec.arch}, {spec.steps} steps"
-                      + (f" + {spec.drill_steps} drill steps" if spec.drill_steps else ""),
-                      flush=True)
+                log.info("pre-training %s: %d x %d %s, %d steps%s", spec.name, spec.num_layers,
+                         spec.hidden_size, spec.arch, spec.steps,
+                         f" + {spec.drill_steps} drill steps" if spec.drill_steps else "")
             info = _train_member(p, spec, tok, corpora[spec.corpus], folder, world,
                                  world_dir, drill_hay, niah_hay, progress)
-            model, tok = load_causal_lm(folder)
+            model, tok = _load(folder)
         t_eval, c_eval = time.time(), _cpu_seconds()
         entry = {**info, "describe": describe(model), "tokenizer": spec.tokenizer,
                  **loss_report(model, tok, corpora[spec.corpus], world.valid_docs, p.seq_len),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import logging
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -46,6 +47,8 @@ from plasticlm.scol.contexts import contexts_from_passages, split_streams
 from plasticlm.scol.matrix import AccuracyMatrix
 from plasticlm.scol.rewards import qa_accuracy
 from plasticlm.scol.setup import legal_sets, load_model, replay_pool, resolve_world_file
+
+log = logging.getLogger("plasticlm.scol")
 
 MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
            "mlp": ("gate_proj", "up_proj", "down_proj"),
@@ -141,9 +144,9 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
         r.setting = setting
         results.append(r)
         if progress:
-            print(f"[sweep] {setting}: immediate {100 * r.immediate:.1f}%, retention "
-                  f"{100 * r.retention:.1f}%, legal {100 * r.legal_final:.0f}% "
-                  f"(untouched {100 * base_legal:.0f}%)", flush=True)
+            log.info("sweep %s: immediate %.1f%%, retention %.1f%%, legal %.0f%% (untouched "
+                     "%.0f%%)", setting, 100 * r.immediate, 100 * r.retention,
+                     100 * r.legal_final, 100 * base_legal)
     ok = [r for r in results if r.legal_final >= sweep.keep_legal * base_legal]
     best = max(ok, key=lambda r: (r.immediate, r.retention)) if ok else None
     report = {"sweep": asdict(sweep), "contexts": len(stream), "layer_sets": layer_sets,

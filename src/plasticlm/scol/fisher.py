@@ -106,7 +106,8 @@ def run_fisher(cfg: ExperimentConfig, out: str | Path, policy_path: str | None =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base, tok = load_model(cfg)
-    policy = float32_master(load_causal_lm(policy_path)[0]) if policy_path else base
+    policy = (float32_master(load_causal_lm(policy_path, dtype="float32")[0]) if policy_path
+              else base)
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
     _, stream = split_streams(contexts, 0, 0, cfg.eval_length, cfg.seed)
     n_layers = num_layers_of(policy)

@@ -238,7 +238,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     if resume and (ckpt / "state.json").exists():
         check_resumable(run.path / "config.json", cfg)
         run.write_json("config.json", cfg)
-        policy, _ = load_causal_lm(ckpt)
+        policy, _ = load_causal_lm(ckpt, dtype="float32")
         policy = float32_master(policy)
         start = json.loads((ckpt / "state.json").read_text())["outer_step"]
         if (ckpt / "pairs.json").exists():
@@ -253,7 +253,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     fixed = None
     if cfg.ipo_reference == "initial":
         if start and ref_dir.exists():
-            fixed, _ = load_causal_lm(ref_dir)
+            fixed, _ = load_causal_lm(ref_dir, dtype="float32")
             fixed = float32_master(fixed)
         else:
             fixed = copy.deepcopy(policy)

@@ -3,20 +3,25 @@ and the sandbox world's controls (legal answer sets, entity-swapped questions)."
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from plasticlm.config import load_config, preset_path, require_positive
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
-from plasticlm.runs import set_threads
+from plasticlm.runs import dtype_name, pick_dtype, set_threads
 from plasticlm.sandbox import sandbox_model, sandbox_world
 from plasticlm.sandbox.domains import KINDS, entity_name
 from plasticlm.sandbox.world_index import closed_value_sets, read_world_index
 from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
 from plasticlm.scol.meta import SCoLConfig
+
+log = logging.getLogger("plasticlm.scol")
 
 METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
            "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
@@ -119,7 +124,12 @@ def swap_names(cfg: ExperimentConfig):
 
 
 def load_model(cfg: ExperimentConfig):
-    """``(model in float32, tokenizer)`` of the experiment, with ``cfg.threads`` threads."""
+    """``(model in float32 on the run's device, tokenizer)`` of the experiment, with
+    ``cfg.threads`` threads. Always float32: consolidation merges LoRA deltas into the
+    weights, and deltas of 1e-4 relative vanish in bfloat16."""
     set_threads(max(1, cfg.threads))
-    model, tok = load_causal_lm(resolve_model(cfg))
+    if pick_dtype() != torch.float32:
+        log.warning("SCoL consolidates into float32 weights: its models load in float32, "
+                    "not %s", dtype_name(pick_dtype()))
+    model, tok = load_causal_lm(resolve_model(cfg), dtype="float32")
     return float32_master(model), tok
