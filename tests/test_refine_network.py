@@ -16,12 +16,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from plasticlm.errors import PlasticError
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Fuser, kv_layout
 from plasticlm.refine.codec import encode_bundle, read_metadata
 from plasticlm.refine.modes import FedRefine, Link
 from plasticlm.refine.peer import load_peer
 from plasticlm.refine.registry import pair_folder
+from plasticlm.refine.remote import FuserSource
+from plasticlm.tls import make_certificates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,13 +75,13 @@ def _start(args: list[str], port: int, env: dict) -> subprocess.Popen:
     return proc
 
 
-def _wait(url: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
+def _wait(url: str, proc: subprocess.Popen, limit: float = 120.0, verify=True) -> None:
     t0 = time.time()
     while time.time() - t0 < limit:
         if proc.poll() is not None:
             raise AssertionError(f"{url} exited: {proc.stdout.read()}")
         try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=1.0, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             time.sleep(0.3)
@@ -213,6 +216,31 @@ def test_malformed_payloads_are_refused_and_the_peer_keeps_serving(services, wor
     assert _post(r, "/answer", token="wrong", content=good).status_code == 401
     again = _post(r, "/answer", content=good)
     assert again.status_code == 200 and again.json()["scores"] == expected.json()["scores"]
+
+
+def test_registry_over_tls_with_a_private_ca(world, tmp_path):
+    certs = make_certificates(tmp_path / "certs")
+    assert certs["key"].stat().st_mode & 0o777 == 0o600
+    port = _free_port()
+    env = {**os.environ, "PLASTICLM_TOKEN": TOKEN, "PLASTICLM_THREADS": "1"}
+    proc = _start(["registry", "--folder", world["registry"], "--tls-cert", str(certs["cert"]),
+                   "--tls-key", str(certs["key"])], port, env)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        _wait(url, proc, verify=str(certs["ca"]))
+        fuser = FuserSource(url, TOKEN, verify=str(certs["ca"])).fuser("t1", "r")
+        local = Fuser.from_pretrained(pair_folder(world["registry"], "t1", "r"))
+        for a, b in zip(fuser.state_dict().values(), local.state_dict().values()):
+            assert torch.equal(a, b)
+        with pytest.raises(PlasticError, match="unreachable"):     # a CA it does not trust
+            FuserSource(url, TOKEN).fuser("t1", "r")
+        with pytest.raises(PlasticError, match="401"):             # no token
+            FuserSource(url, None, verify=str(certs["ca"])).fuser("t1", "r")
+        with pytest.raises(httpx.HTTPError):                       # plain HTTP is not served
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5.0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def test_a_peer_that_goes_down_is_skipped(services, world):

@@ -280,5 +280,6 @@ def serve(app: FastAPI, host: str, port: int, tls_cert: str = "", tls_key: str =
 
     if bool(tls_cert) != bool(tls_key):
         raise PlasticError("TLS needs both --tls-cert and --tls-key")
-    uvicorn.run(app, host=host, port=port, log_level="warning",
+    # A kept-alive client connection must not hold a stopping service for ever.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
                 ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None)
