@@ -106,9 +106,9 @@ def main() -> None:
                              "seconds": out["seconds"], "took_part": out["took_part"],
                              "client_seconds": time.perf_counter() - t0})
             results[f"{mode}/{quant}"] = {"mode": mode, "quant": quant, "rows": rows}
-            print(f"{mode:6s} {quant:8s} acc {100 * statistics.mean(x['correct'] for x in rows):.1f}"
-                  f"%  {statistics.median(x['client_seconds'] for x in rows) * 1000:.0f} ms",
-                  flush=True)
+            acc = 100 * statistics.mean(x["correct"] for x in rows)
+            ms = 1000 * statistics.median(x["client_seconds"] for x in rows)
+            print(f"{mode:6s} {quant:8s} acc {acc:.1f}%  {ms:.0f} ms", flush=True)
         # Bytes per token of a question's cache, and of a long one (20 questions as one
         # text), where the payload's fixed part (header, key scales) is spread thinner.
         texts = {"question": [qa_prompt(q.question) for q in questions[:20]],
@@ -175,8 +175,8 @@ def _fmt(c: dict) -> str:
 def markdown(report: dict) -> list[str]:
     speeds = list(report["rows"][0]["link_ms"])
     lines = [f"Held-out sandbox MC items: {report['items']}; accuracy in %, mean [95% CI]; "
-             "'- float32': paired difference on the same items; score change: mean over items of the "
-             "largest change of a choice's log-prob (nats); times are medians in ms on loopback "
+             "'- float32': paired difference on the same items; score change: mean over items of "
+             "the largest change of a choice's log-prob (nats); times are medians in ms on loopback "
              "(2 shared cores, one thread per process); 'total at': the link model, compute + "
              "20 ms round trip + bytes / bandwidth.", "",
              "| mode | caches as | took part | accuracy | - float32 | same choice | "

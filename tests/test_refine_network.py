@@ -17,8 +17,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from plasticlm.errors import PlasticError
-from plasticlm.models import build_tiny, train_bpe_tokenizer
-from plasticlm.refine import Fuser, kv_layout
+from plasticlm.refine import Fuser
 from plasticlm.refine.codec import encode_bundle, read_metadata
 from plasticlm.refine.modes import FedRefine, Link
 from plasticlm.refine.peer import load_peer
@@ -28,8 +27,6 @@ from plasticlm.tls import make_certificates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPT = "Q: Which organ does Kalomira act on? A:"
-CHOICES = ["liver", "heart", "lung", "skin"]
 TOKEN = "s3cret-token"
 
 
@@ -39,33 +36,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+NAMES = {"r": "receiver", "t1": "transmitter-llama", "t2": "specialist"}
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """Receiver r (Qwen3) and transmitters t1 (Llama), t2 (Qwen2), each with its own
-    tokenizer, and a registry with a fuser t1 -> r and t2 -> r whose gates are open."""
-    root = tmp_path_factory.mktemp("refine_net")
-    texts = ["Q: Which organ does Kalomira act on? A: liver.", "Doctors prescribe Zutorex."] * 8
-    layouts, paths = {}, {}
-    for name, arch, vocab, layers, seed in (("r", "qwen3", 280, 3, 1), ("t1", "llama", 260, 2, 2),
-                                            ("t2", "qwen2", 270, 2, 3)):
-        tok = train_bpe_tokenizer(texts, vocab_size=vocab)
-        model = build_tiny(arch, seed=seed, vocab_size=len(tok), hidden_size=32,
-                           num_layers=layers, num_heads=2, num_kv_heads=1, head_dim=16,
-                           intermediate_size=64)
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-        layouts[name], paths[name] = kv_layout(model), str(root / name)
-    registry = root / "registry"
+    """The quick sandbox family (receiver Qwen3; transmitter and specialist Llama, with their
+    own tokenizer), a question of its world, and a registry with a fuser from each
+    transmitter into the receiver whose gates are open, so that each changes the answer."""
+    from plasticlm.data import load_mmlu
+    from plasticlm.eval import qa_prompt
+    from plasticlm.sandbox import sandbox_model, sandbox_world
+
+    paths = {k: str(sandbox_model(name, "quick")) for k, name in NAMES.items()}
+    q = load_mmlu(sandbox_world("quick") / "specialist_mmlu", "test")[0]
+    registry = tmp_path_factory.mktemp("refine_net") / "registry"
+    receiver = load_peer(paths["r"])
     torch.manual_seed(0)
     for t in ("t1", "t2"):
-        fuser = Fuser.for_pair(layouts["r"], layouts[t], rank=4)
+        fuser = Fuser.for_pair(receiver.layout, load_peer(paths[t]).layout, rank=4)
         with torch.no_grad():
             for layer in fuser.layers:
                 for path in (layer.key_path, layer.value_path):
                     path.out.weight.normal_(0, 0.5)
                 layer.gate_logits.fill_(2.0)
-        fuser.save_pretrained(pair_folder(registry, t, "r"))
-    return {"paths": paths, "registry": str(registry)}
+        fuser.save_pretrained(pair_folder(registry, NAMES[t], NAMES["r"]))
+    return {"paths": paths, "registry": str(registry), "prompt": qa_prompt(q.question),
+            "choices": list(q.choices)}
 
 
 def _start(args: list[str], port: int, env: dict) -> subprocess.Popen:
@@ -124,24 +121,26 @@ def _post(url: str, path: str, token: str | None = TOKEN, **kw) -> httpx.Respons
     return httpx.post(f"{url}{path}", headers=headers, timeout=60.0, **kw)
 
 
+def _ask(world, mode: str, **kw) -> dict:
+    return {"prompt": world["prompt"], "mode": mode, "choices": world["choices"], **kw}
+
+
 def _in_process(world, mode: str, transmitters: list[str]) -> list[float]:
     receiver = load_peer(world["paths"]["r"])
     links = [Link(load_peer(world["paths"][t]),
-                  Fuser.from_pretrained(pair_folder(world["registry"], t, "r")))
+                  Fuser.from_pretrained(pair_folder(world["registry"], NAMES[t], NAMES["r"])))
              for t in transmitters]
-    return FedRefine(receiver, links).score(PROMPT, CHOICES, mode).scores
+    return FedRefine(receiver, links).score(world["prompt"], world["choices"], mode).scores
 
 
 def test_c2c_and_multi_across_processes_equal_one_process(services, world):
     r = services["url"]["r"]
-    alone = _post(r, "/ask", json={"prompt": PROMPT, "mode": "alone", "choices": CHOICES})
-    c2c = _post(r, "/ask", json={"prompt": PROMPT, "mode": "c2c", "choices": CHOICES})
-    multi = _post(r, "/ask", json={"prompt": PROMPT, "mode": "multi", "choices": CHOICES})
+    alone, c2c, multi = (_post(r, "/ask", json=_ask(world, m)) for m in ("alone", "c2c", "multi"))
     for resp in (alone, c2c, multi):
         assert resp.status_code == 200, resp.text
     alone, c2c, multi = alone.json(), c2c.json(), multi.json()
     assert alone["took_part"] == [] and alone["wire_bytes"] == 0
-    assert c2c["took_part"] == ["t1"] and multi["took_part"] == ["t1", "t2"]
+    assert c2c["took_part"] == [NAMES["t1"]] and multi["took_part"] == [NAMES["t1"], NAMES["t2"]]
     # The silent peer is skipped after the timeout and named.
     assert any(services["url"]["silent"] in s and "no answer" in s for s in multi["skipped"])
     # float32 caches through the codec: the same scores as both models in one process.
@@ -151,8 +150,8 @@ def test_c2c_and_multi_across_processes_equal_one_process(services, world):
     assert multi["scores"] != pytest.approx(c2c["scores"], abs=1e-3)   # so does t2's
     assert c2c["wire_bytes"] > 0 and c2c["seconds"]["prefill"] > 0
     assert set(c2c["seconds"]) >= {"prefill", "transfer", "fuse", "decode"}
-    text = _post(r, "/ask", json={"prompt": PROMPT, "mode": "c2c", "max_new_tokens": 4}).json()
-    assert text["took_part"] == ["t1"] and isinstance(text["answer"], str)
+    text = _post(r, "/ask", json=_ask(world, "c2c", choices=[], max_new_tokens=4)).json()
+    assert text["took_part"] == [NAMES["t1"]] and isinstance(text["answer"], str)
 
 
 def test_ask_cli_with_remote_transmitters_matches_the_service(services, world, capsys,
@@ -161,21 +160,22 @@ def test_ask_cli_with_remote_transmitters_matches_the_service(services, world, c
 
     monkeypatch.setenv("PLASTICLM_TOKEN", TOKEN)
     url = services["url"]
-    assert main(["refine", "ask", PROMPT, "--receiver", world["paths"]["r"], "--peer", url["t1"],
+    assert main(["refine", "ask", world["prompt"], "--receiver", world["paths"]["r"],
+                 "--peer", url["t1"],
                  "--registry", url["registry"], "--quant", "float32", "--mode", "c2c",
-                 "--choices", "|".join(CHOICES)]) == 0
+                 "--choices", "|".join(world["choices"])]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["took_part"] == ["t1"]
+    assert out["took_part"] == [NAMES["t1"]]
     assert out["scores"] == pytest.approx(_in_process(world, "c2c", ["t1"]), abs=1e-4)
-    assert main(["refine", "ask", PROMPT, "--receiver", url["r"], "--mode", "c2c",
-                 "--choices", "|".join(CHOICES)]) == 0
-    assert json.loads(capsys.readouterr().out)["took_part"] == ["t1"]
+    assert main(["refine", "ask", world["prompt"], "--receiver", url["r"], "--mode", "c2c",
+                 "--choices", "|".join(world["choices"])]) == 0
+    assert json.loads(capsys.readouterr().out)["took_part"] == [NAMES["t1"]]
 
 
 def _valid_bundle(world, quant="float32") -> bytes:
     t1 = load_peer(world["paths"]["t1"])
-    sent = t1.prefill(PROMPT)
-    return encode_bundle([sent], {"prompt": PROMPT, "mode": "c2c", "choices": CHOICES}, quant)
+    sent = t1.prefill(world["prompt"])
+    return encode_bundle([sent], _ask(world, "c2c"), quant)
 
 
 def _with_tensor(bundle: bytes, name: str, value: torch.Tensor) -> bytes:
@@ -194,8 +194,8 @@ def test_malformed_payloads_are_refused_and_the_peer_keeps_serving(services, wor
     k0 = st_load(good)["0.k"]
     nan = k0.clone()
     nan[0, 0, 0, 0] = float("nan")
-    receiver_cache = load_peer(world["paths"]["r"]).prefill(PROMPT)
-    receiver_cache.cache.model_name = "t1"       # r's own cache, claiming to come from t1
+    receiver_cache = load_peer(world["paths"]["r"]).prefill(world["prompt"])
+    receiver_cache.cache.model_name = NAMES["t1"]   # r's own cache, claiming to come from t1
     bad = {
         "truncated": good[: len(good) // 2],
         "pickle": pickle.dumps({"keys": [torch.zeros(2)]}),
@@ -204,8 +204,7 @@ def test_malformed_payloads_are_refused_and_the_peer_keeps_serving(services, wor
         "wrong dtype": _with_tensor(good, "0.k", k0.double()),
         "nan": _with_tensor(good, "0.k", nan),
         "unknown tensor": _with_tensor(good, "0.extra", torch.zeros(1)),
-        "mismatched model": encode_bundle([receiver_cache], {"prompt": PROMPT, "mode": "c2c"},
-                                          "float32"),
+        "mismatched model": encode_bundle([receiver_cache], _ask(world, "c2c"), "float32"),
         "oversized": good + b"\0" * (2 * 2**20),
     }
     for what, body in bad.items():
@@ -228,14 +227,15 @@ def test_registry_over_tls_with_a_private_ca(world, tmp_path):
     url = f"https://127.0.0.1:{port}"
     try:
         _wait(url, proc, verify=str(certs["ca"]))
-        fuser = FuserSource(url, TOKEN, verify=str(certs["ca"])).fuser("t1", "r")
-        local = Fuser.from_pretrained(pair_folder(world["registry"], "t1", "r"))
+        pair = NAMES["t1"], NAMES["r"]
+        fuser = FuserSource(url, TOKEN, verify=str(certs["ca"])).fuser(*pair)
+        local = Fuser.from_pretrained(pair_folder(world["registry"], *pair))
         for a, b in zip(fuser.state_dict().values(), local.state_dict().values()):
             assert torch.equal(a, b)
         with pytest.raises(PlasticError, match="unreachable"):     # a CA it does not trust
-            FuserSource(url, TOKEN).fuser("t1", "r")
+            FuserSource(url, TOKEN).fuser(*pair)
         with pytest.raises(PlasticError, match="401"):             # no token
-            FuserSource(url, None, verify=str(certs["ca"])).fuser("t1", "r")
+            FuserSource(url, None, verify=str(certs["ca"])).fuser(*pair)
         with pytest.raises(httpx.HTTPError):                       # plain HTTP is not served
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5.0)
     finally:
@@ -247,9 +247,9 @@ def test_a_peer_that_goes_down_is_skipped(services, world):
     url, procs = services["url"], services["procs"]
     procs["t2"].terminate()
     procs["t2"].wait(timeout=20)
-    multi = _post(url["r"], "/ask", json={"prompt": PROMPT, "mode": "multi", "choices": CHOICES})
+    multi = _post(url["r"], "/ask", json=_ask(world, "multi"))
     assert multi.status_code == 200, multi.text
     out = multi.json()
-    assert out["took_part"] == ["t1"]
+    assert out["took_part"] == [NAMES["t1"]]
     assert any(url["t2"] in s for s in out["skipped"])
     assert out["scores"] == pytest.approx(_in_process(world, "c2c", ["t1"]), abs=1e-4)

@@ -124,7 +124,8 @@ class FedRefine:
 
     def _alone(self, prompt: str) -> Prepared:
         ids = prompt_ids(self.receiver.tokenizer, prompt)
-        cache, _ = extract_cache(self.receiver.model, as_batch(ids[:-1]), model_name=self.receiver.name)
+        cache, _ = extract_cache(self.receiver.model, as_batch(ids[:-1]),
+                                 model_name=self.receiver.name)
         return Prepared(cache, ids[-1:], ids)
 
     def _transmit_text(self, prompt: str, seconds: dict[str, float]) -> str:

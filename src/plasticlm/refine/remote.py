@@ -33,7 +33,9 @@ def http_client(timeout: float, verify: str | bool = True) -> httpx.Client:
     return httpx.Client(timeout=timeout, verify=verify)
 
 
-def call_peer(client: httpx.Client, method: str, url: str, token: str | None, **kw) -> httpx.Response:
+def call_peer(client: httpx.Client, method: str, url: str, token: str | None, **kw
+              ) -> httpx.Response:
+    """One request to a peer or registry; :class:`PeerUnavailable` names what went wrong."""
     try:
         r = client.request(method, url, headers=_headers(token), **kw)
     except httpx.TimeoutException:
