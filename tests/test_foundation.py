@@ -227,6 +227,11 @@ def test_bench_quick_names_every_peer_and_agrees_with_the_reference(tmp_path, ca
     assert report["state"][-1]["ratio"] > report["state"][0]["ratio"] > 1   # O(1) vs O(T)
     lines = capsys.readouterr().out
     for peer in ("transformers' torch_chunk_gated_delta_rule", "full KV cache",
-                 "LoRA-FedAvg, same rank", "full FedAvg"):
+                 "LoRA-FedAvg, same rank", "full FedAvg", "matmul floor", "vs t2t",
+                 "sequential fine-tuning"):
         assert peer in lines
+    refine = {r["mode"]: r for r in report["refine"]}
+    assert refine["alone"]["wire_bytes"] == 0 < refine["t2t"]["wire_bytes"] \
+        < refine["c2c"]["wire_bytes"]                  # text is small, caches are not
+    assert all(r["floor_s"] > 0 and r["over_floor"] > 1 for r in report["delta_rule"])
     assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "index.html").exists()

@@ -129,7 +129,7 @@ def delta_rule_chunkwise(
     out_dtype = v.dtype
     cd = _compute_dtype(q.dtype)
     q, k, v, beta = (x.to(cd) for x in (q, k, v, beta))
-    g = torch.zeros_like(beta) if g is None else g.to(cd)
+    gated = g is not None
     state = (torch.zeros(b, h, dk, dv, dtype=cd, device=q.device) if initial_state is None
              else initial_state.to(cd))
     if t == 0:
@@ -139,34 +139,44 @@ def delta_rule_chunkwise(
     pad = (-t) % c
     if pad:
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-        beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+        beta = F.pad(beta, (0, pad))
+        g = F.pad(g.to(cd), (0, pad)) if gated else None
     n = (t + pad) // c
     q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
-    beta, g = beta.reshape(b, h, n, c), g.reshape(b, h, n, c)
-
-    cum = g.cumsum(-1)                                          # G_t within each chunk
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    # exp(G_t - G_i) for i <= t; the upper part is masked before exp to avoid overflow.
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    beta = beta.reshape(b, h, n, c)
     k_beta = k * beta[..., None]
-    # Unit lower-triangular system (the diagonal we leave in is ignored by the inverse).
-    system = (k_beta @ k.transpose(-1, -2)) * decay
-    rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], dim=-1)
-    solved = unit_lower_inverse(system) @ rhs
-    u, w = solved[..., :dv], solved[..., dv:]                   # [B,H,N,C,Dv], [B,H,N,C,Dk]
-    intra = (q @ k.transpose(-1, -2)) * decay                   # causal incl. diagonal
-    q_decayed = q * cum.exp()[..., None]
-    chunk_decay = cum[..., -1]                                  # G_C per chunk [B,H,N]
-    k_to_end = k * (chunk_decay[..., None] - cum).exp()[..., None]
-
-    # unbind (not indexing) so that backward does not build a full-size zero gradient per chunk
-    per_chunk = zip(u.unbind(2), w.unbind(2), q_decayed.unbind(2), intra.unbind(2),
-                    chunk_decay.exp().unbind(2), k_to_end.transpose(-1, -2).unbind(2))
+    if gated:
+        cum = g.to(cd).reshape(b, h, n, c).cumsum(-1)            # G_t within each chunk
+        causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        # exp(G_t - G_i) for i <= t; the upper part is masked before exp to avoid overflow.
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+        # Unit lower-triangular system (the diagonal we leave in is ignored by the inverse).
+        inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2)) * decay)
+        u, w = inverse @ (v * beta[..., None]), inverse @ (k_beta * cum.exp()[..., None])
+        intra = (q @ k.transpose(-1, -2)) * decay               # causal incl. diagonal
+        q = q * cum.exp()[..., None]
+        chunk_decay = cum[..., -1]                              # G_C per chunk [B,H,N]
+        k_to_end = k * (chunk_decay[..., None] - cum).exp()[..., None]
+        decays = chunk_decay.exp().unbind(2)
+    else:
+        # Without decay every mask and exponential drops out: the inverse ignores the upper
+        # part by construction, and the intra-chunk scores only need the causal triangle.
+        inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
+        u, w = inverse @ (v * beta[..., None]), inverse @ k_beta
+        intra = (q @ k.transpose(-1, -2)).tril()
+        k_to_end = k
+        decays = [None] * n
+    # u [B,H,N,C,Dv], w [B,H,N,C,Dk]; unbind (not indexing) so that backward does not build
+    # a full-size zero gradient per chunk
+    per_chunk = zip(u.unbind(2), w.unbind(2), q.unbind(2), intra.unbind(2), decays,
+                    k_to_end.transpose(-1, -2).unbind(2))
     outs = []
     for u_i, w_i, q_i, intra_i, decay_i, kt_i in per_chunk:
         u_i = u_i - w_i @ state                                 # the corrections actually written
         outs.append(q_i @ state + intra_i @ u_i)
-        state = state * decay_i[..., None, None] + kt_i @ u_i
+        if decay_i is not None:
+            state = state * decay_i[..., None, None]
+        state = state + kt_i @ u_i
     o = torch.stack(outs, dim=2).reshape(b, h, n * c, dv)[:, :, :t]
     return o.to(out_dtype), state
 
