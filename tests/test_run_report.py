@@ -96,3 +96,27 @@ def test_a_browser_renders_every_table_and_plot(run_dir):
     check.feed(dom)
     assert 'data-tables="3"' in dom and 'data-images="2"' in dom
     assert 'data-images-rendered="2"' in dom, "a plot did not decode in the browser"
+
+
+def test_tensorboard_export_holds_every_metric_of_every_record(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from plasticlm.cli import main
+    from plasticlm.runs import RunDir
+
+    run = RunDir.create("run", {"rounds": 3}, root=tmp_path)
+    for r in (1, 2, 3):
+        run.log(round=r, fed_acc=0.1 * r, detail={"drop": -0.01 * r}, name="x", ok=True)
+    inner = RunDir(tmp_path / "run" / "meta_scol")
+    for i in range(4):
+        inner.log(loss=1.0 / (i + 1))
+    with (run.path / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "fed_ac')                 # torn by a kill: dropped
+    assert main(["report", str(run.path), "--tensorboard"]) == 0
+    assert "tensorboard: 13 scalars" in capsys.readouterr().out   # 3 x 3 + 4
+    acc = EventAccumulator(str(run.path / "tensorboard" / "run")).Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["detail/drop", "fed_acc", "round"]
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("fed_acc")] == \
+        [(1, 0.1), (2, 0.2), (3, 0.3)]
+    meta = EventAccumulator(str(run.path / "tensorboard" / "meta_scol")).Reload()
+    assert [round(e.value, 6) for e in meta.Scalars("loss")] == [1.0, 0.5, 0.333333, 0.25]

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
-from plasticlm.runs import write_text_atomic
+from plasticlm.runs import read_metrics, write_text_atomic
 
 REPORT_NAMES = ("index.html", "index.md")
 PACKAGES = ("plasticlm", "torch", "transformers", "peft", "flwr")
@@ -126,14 +126,7 @@ def _times(folder: Path) -> dict:
     """Wall and CPU seconds a run recorded: ``wall_seconds``/``cpu_seconds`` in its
     ``metrics.jsonl``, else its reports' ``seconds`` totals and the metrics' time span."""
     out: dict = {}
-    metrics = folder / "metrics.jsonl"
-    records = []
-    if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    records = read_metrics(folder / "metrics.jsonl")
     for r in records:
         for key in ("wall_seconds", "cpu_seconds"):
             if key in r:

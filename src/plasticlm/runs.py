@@ -242,9 +242,25 @@ class RunDir:
         return record
 
     def metrics(self) -> list[dict]:
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
+        return read_metrics(self.metrics_path)
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none when it does not exist). A torn last line (a
+    kill during the append) is dropped; a damaged line before it is an error."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break
+            raise PlasticError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+    return records
 
 
 def shared_data_dir() -> Path | None:

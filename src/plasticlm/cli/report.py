@@ -13,6 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "config.json, the package versions, the commit and its times. The demo "
                        "and every experiment write it themselves at the end.")
     p.add_argument("run_dir", help="a folder a command wrote, e.g. runs/demo")
+    p.add_argument("--tensorboard", nargs="?", const="", default=None, metavar="LOGDIR",
+                   help="also write every metrics.jsonl under RUN_DIR as TensorBoard scalars "
+                   "(default LOGDIR: RUN_DIR/tensorboard; needs the tensorboard package)")
     p.set_defaults(func=_report)
 
 
@@ -21,4 +24,9 @@ def _report(args) -> int:
 
     page, _ = write_report(args.run_dir)
     print(f"report: {page}")
+    if args.tensorboard is not None:
+        from plasticlm.tensorboard_export import export_tensorboard
+
+        logdir, n = export_tensorboard(args.run_dir, args.tensorboard or None)
+        print(f"tensorboard: {n} scalars in {logdir} (tensorboard --logdir {logdir})")
     return 0

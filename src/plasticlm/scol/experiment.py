@@ -18,6 +18,7 @@ from pathlib import Path
 
 from plasticlm.data.squad import load_squad
 from plasticlm.errors import PlasticError
+from plasticlm.runs import read_metrics
 from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
 from plasticlm.scol.consolidate import num_layers_of
 from plasticlm.scol.contexts import Context, contexts_from_passages, split_streams
@@ -31,7 +32,6 @@ from plasticlm.scol.meta import (
 from plasticlm.scol.report import (
     PAPER,
     plot_squad,
-    read_metrics,
     seeds_markdown,
     squad_markdown,
     summarise_seeds,

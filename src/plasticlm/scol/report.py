@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from plasticlm.data.jsonl import read_jsonl
 from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci
 from plasticlm.plotting import plt
 
@@ -124,11 +123,6 @@ def seeds_markdown(report: dict) -> str:
             lines.append(f"- {LABELS.get(name, name)}: layers chosen, summed over seeds "
                          f"{e['layer_histogram']}")
     return "\n".join(lines) + "\n"
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (none when it does not exist)."""
-    return [obj for _, obj in read_jsonl(path, "metrics")] if path.exists() else []
 
 
 def _pct(x) -> str:
