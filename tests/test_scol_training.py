@@ -333,6 +333,15 @@ def test_retention_never_counts_the_last_context():
     assert pooled["scol"]["retention"]["mean"] == 0.0
     assert pooled["fixed_last"]["retention"]["mean"] == 0.5
     assert pooled["scol"]["retention_minus_fixed_last"]["mean"] == -0.5
+    # the same rule for closed-set MC, net of the untouched model and against the controls
+    report["methods"]["scol"].update(mc_diag=[1.0] * 3, mc_last=[0.0, 0.0, 1.0], mc_chance=0.25)
+    report["methods"]["fixed_last"].update(mc_diag=[1.0] * 3, mc_last=[1.0, 0.0, 1.0],
+                                           mc_chance=0.25)
+    report["base_mc_last"] = [0.5, 0.5, 0.5]
+    pooled = summarise_seeds([report, report])
+    assert pooled["scol"]["mc_retention"]["mean"] == 0.0
+    assert pooled["scol"]["mc_retention_minus_base"]["mean"] == -0.5
+    assert pooled["scol"]["mc_retention_minus_fixed_last"]["mean"] == -0.5
 
 
 def test_sandbox_questions_carry_their_legal_answer_sets():
@@ -543,3 +552,39 @@ def test_pair_accuracy_follows_what_ipo_taught(tiny):
     assert pair_accuracy(policy, tok, [pair], cfg.max_layers) == 1.0
     flipped = PreferencePair(ids, tuple(bad), tuple(good), 1.0)
     assert pair_accuracy(policy, tok, [flipped], cfg.max_layers) == 0.0
+
+
+def test_closed_set_retention_sees_a_fact_the_model_was_taught():
+    """Closed-set MC ranks the attribute's legal values: on the untouched quick receiver it
+    is below 1; after the model is trained on one context's answers, that context's MC
+    accuracy (immediate and in the last row) reaches 1."""
+    from plasticlm.data.squad import load_squad
+    from plasticlm.eval import qa_continuation
+    from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox import sandbox_model
+    from plasticlm.scol.matrix import AccuracyMatrix
+    from plasticlm.scol.rewards import qa_prompt
+    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
+
+    cfg = quick_config()
+    contexts = [c for c in contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                                  legal_sets(cfg))
+                if any(q.legal for q in c.questions)][:3]
+    model, tok = load_causal_lm(sandbox_model("receiver", preset="quick"))
+    before = AccuracyMatrix(contexts)
+    before.add_row(model, tok, len(contexts) - 1)
+    assert len(before.mc_last) == len(contexts) and 0 < before.mc_chance < 1
+    taught = [q for q in contexts[-1].questions if q.legal]
+    texts = [qa_prompt(q.question) + qa_continuation(q.answers[0]) for q in taught]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        loss = model(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = AccuracyMatrix(contexts)
+    after.add_row(model.eval(), tok, len(contexts) - 1)
+    assert after.mc_last[-1] == 1.0 and after.mc_diag[-1] == 1.0
+    assert before.mc_last[-1] < 1.0

@@ -185,6 +185,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     report["base_closed_book"] = base_mat.summary()["em"]["final_all"]
     report["base_matrix_em"] = base_mat.em
     report["base_legal"] = base_mat.legal[-1]
+    report["base_mc_last"] = base_mat.mc_last
 
     policies: dict = {}
     needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}

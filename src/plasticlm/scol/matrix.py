@@ -1,14 +1,16 @@
 """The lower-triangular accuracy matrix of a consolidated stream (row r: closed-book accuracy
 on contexts 0..r after r+1 commits, as SEAL reports it), with its controls: the share of
-legal answers and the entity-swapped questions."""
+legal answers, the entity-swapped questions, and closed-set multiple choice (the attribute's
+legal values ranked by log-likelihood), which sees a fact the greedy answer does not yet
+produce."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from plasticlm.eval import is_legal, squad_score
+from plasticlm.eval import closed_set_accuracy, is_legal, normalize_answer, squad_score
 from plasticlm.scol.contexts import Context
-from plasticlm.scol.rewards import Question, qa_answers
+from plasticlm.scol.rewards import Question, qa_answers, qa_prompt
 
 
 class AccuracyMatrix:
@@ -23,6 +25,10 @@ class AccuracyMatrix:
         # row's newest context (immediate) and, in the stream's last row, every context
         self.swap_diag: list[float] = []
         self.swap_last: list[float] = []
+        # closed-set MC on the same rows (newest context; last row: every context), its chance
+        self.mc_diag: list[float] = []
+        self.mc_last: list[float] = []
+        self.mc_chance: float | None = None
 
     def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
         qs, owner = [], []
@@ -48,6 +54,7 @@ class AccuracyMatrix:
             self.swap_diag.append(mean_of(upto))
             if last:
                 self.swap_last = [mean_of(j) for j in range(upto + 1)]
+        self._closed_set(model, tokenizer, upto, owner, qs, last, prefix)
         em_row, f1_row = [], []
         for i in range(upto + 1):
             mine = [s for s, o in zip(scores, owner) if o == i]
@@ -55,6 +62,26 @@ class AccuracyMatrix:
             f1_row.append(sum(s[1] for s in mine) / max(1, len(mine)))
         self.em.append(em_row)
         self.f1.append(f1_row)
+
+    def _closed_set(self, model, tokenizer, upto: int, owner: list[int],
+                    qs: list[Question], last: bool, prefix: str) -> None:
+        items = [(i, q) for i, q in zip(owner, qs)
+                 if q.legal and (last or i == upto)
+                 and normalize_answer(q.answers[0]) in {normalize_answer(v) for v in q.legal}]
+        if not items:
+            return
+        res = closed_set_accuracy(model, tokenizer, [qa_prompt(q.question, prefix)
+                                                     for _, q in items],
+                                  [list(q.legal) for _, q in items],
+                                  [q.answers[0] for _, q in items])
+
+        def mean_of(j: int) -> float:
+            xs = [c for (i, _), c in zip(items, res.correct) if i == j]
+            return sum(xs) / max(1, len(xs))
+        self.mc_diag.append(mean_of(upto))
+        if last:
+            self.mc_last = [mean_of(j) for j in range(upto + 1)]
+            self.mc_chance = res.chance_accuracy
 
     def summary(self) -> dict:
         def stats(m: list[list[float]]) -> dict:
@@ -66,4 +93,5 @@ class AccuracyMatrix:
         return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
                 "matrix_f1": self.f1, "legal": self.legal,
                 "legal_final": self.legal[-1] if self.legal else None,
-                "swap_diag": self.swap_diag, "swap_last": self.swap_last}
+                "swap_diag": self.swap_diag, "swap_last": self.swap_last,
+                "mc_diag": self.mc_diag, "mc_last": self.mc_last, "mc_chance": self.mc_chance}

@@ -40,6 +40,34 @@ def _cells(report: dict, name: str) -> tuple[list[float], list[float]]:
     return [row[i] for i, row in enumerate(m)], m[-1][:-1]
 
 
+def _mc_cells(report: dict, name: str) -> tuple[list[float], list[float]] | None:
+    m = report["methods"][name]
+    if not m.get("mc_diag") or not m.get("mc_last"):
+        return None
+    return m["mc_diag"], m["mc_last"][:-1]
+
+
+def _closed_set_summary(reports: list[dict], name: str) -> dict:
+    """Closed-set MC immediate and retention with intervals, net of the untouched model and
+    paired against the untrained policy and the fixed last layer (empty for older runs)."""
+    cells = [_mc_cells(r, name) for r in reports]
+    base = [r.get("base_mc_last") for r in reports]
+    if any(c is None for c in cells) or not all(base):
+        return {}
+    imm, ret = [c[0] for c in cells], [c[1] for c in cells]
+    out = {"mc_immediate": asdict(pooled_bootstrap_ci(imm)),
+           "mc_retention": asdict(pooled_bootstrap_ci(ret)),
+           "mc_retention_minus_base": asdict(pooled_bootstrap_ci(
+               ret, baseline_per_seed=[b[:-1] for b in base])),
+           "mc_chance": sum(r["methods"][name]["mc_chance"] for r in reports) / len(reports)}
+    for control in ("untrained_policy", "fixed_last"):
+        other = [_mc_cells(r, control) if control in r["methods"] else None for r in reports]
+        if control != name and all(o is not None for o in other):
+            out[f"mc_retention_minus_{control}"] = asdict(pooled_bootstrap_ci(
+                ret, baseline_per_seed=[o[1] for o in other]))
+    return out
+
+
 def summarise_seeds(reports: list[dict]) -> dict:
     """Per method: immediate and retention EM with 95% intervals over seeds x contexts;
     retention net of the untouched model (paired on the same contexts); and the paired
@@ -69,6 +97,7 @@ def summarise_seeds(reports: list[dict]) -> dict:
                 pooled_bootstrap_ci(imm, baseline_per_seed=swap_imm))
         if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
             entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
+        entry.update(_closed_set_summary(reports, name))
         legal = [r["methods"][name].get("legal_final") for r in reports]
         base_legal = [r.get("base_legal") for r in reports]
         if all(x is not None for x in legal + base_legal):
@@ -112,6 +141,21 @@ def seeds_markdown(report: dict) -> str:
               "sandbox entities are unseen, so here retention net of the untouched model is "
               "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
               "'immediate' is its final accuracy."]
+    mc = {name: e for name, e in report["summary"].items() if "mc_immediate" in e}
+    if mc:
+        lines += ["", "Closed-set multiple choice: the attribute's legal values ranked by "
+                  "log-likelihood after the question (a fact can move the ranking before "
+                  "greedy decoding produces it); % correct, mean [95% CI], paired on the same "
+                  "contexts.", "",
+                  "| method | MC immediate | MC retention | MC retention - untouched model | "
+                  "MC retention - untrained policy | MC retention - fixed last layer | "
+                  "chance |", "|---|---|---|---|---|---|---|"]
+        for name, e in mc.items():
+            lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'mc_immediate')} | "
+                         f"{ci(e, 'mc_retention')} | {ci(e, 'mc_retention_minus_base')} | "
+                         f"{ci(e, 'mc_retention_minus_untrained_policy')} | "
+                         f"{ci(e, 'mc_retention_minus_fixed_last')} | "
+                         f"{100 * e['mc_chance']:.1f} |")
     held = report.get("held_out_pairs")
     if held:
         lines.append(f"- Held-out preference pairs (best-of-K on the evaluation streams, "
