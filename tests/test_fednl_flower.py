@@ -97,9 +97,14 @@ def test_a_finished_run_is_not_overwritten(reference_run, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
-def test_one_round_through_superlink_and_two_supernodes(tmp_path):
-    """The deployment runtime: separate SuperLink and SuperNode processes on 127.0.0.1."""
-    from plasticlm.fednl.deploy import LocalFederation
+def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(tmp_path):
+    """The deployment runtime: separate SuperLink and SuperNode processes on 127.0.0.1, over
+    TLS with SuperNode authentication. Two rogue nodes that hold the CA certificate and claim
+    partition 0 (one with a key nobody registered, one with none) are refused; the round runs
+    with the two registered nodes only."""
+    import time
+
+    from plasticlm.fednl.deploy import LocalFederation, _free_ports, make_node_key
     from plasticlm.sandbox import sandbox_model, sandbox_world
 
     sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes
@@ -109,8 +114,20 @@ def test_one_round_through_superlink_and_two_supernodes(tmp_path):
                    'max_train = 8\nmax_test = 4\n[method]\nname = "fednl"\nlocal_steps = 2\n'
                    'batch_size = 2\n')
     run_dir = tmp_path / "run"
-    with LocalFederation(tmp_path / "fed", nodes=2) as fed:
+    with LocalFederation(tmp_path / "fed", nodes=2, tls=True, auth=True) as fed:
+        private, _ = make_node_key(tmp_path / "rogue")           # never registered
+        assert private.stat().st_mode & 0o777 == 0o600
+        ports = _free_ports(2)
+        rogues = [fed.start_node(0, ports[0], ["--auth-supernode-private-key", str(private)],
+                                 "rogue-key.log"),
+                  fed.start_node(0, ports[1], [], "rogue-nokey.log")]
+        deadline = time.time() + 120
+        while time.time() < deadline and any(r.poll() is None for r in rogues):
+            time.sleep(1)
+        assert all(r.poll() not in (None, 0) for r in rogues), "a rogue node was not refused"
+        assert "Failed to activate SuperNode" in (fed.workdir / "rogue-key.log").read_text()
         done = fed.run({"config": str(cfg), "run-dir": str(run_dir)}, timeout=600)
+        assert len(fed.registered_nodes()) == 2
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1]

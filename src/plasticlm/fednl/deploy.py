@@ -7,6 +7,7 @@ This is what runs across machines, started on one: the same commands with other 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -51,15 +52,43 @@ def _bin(name: str) -> str:
     return str(path)
 
 
+def make_node_key(out: str | Path) -> tuple[Path, Path]:
+    """A SuperNode's authentication key pair (ECDSA P-384, OpenSSH format, as Flower expects):
+    ``out`` (private, created 0600) and ``out.pub`` (what ``flwr supernode register`` takes)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    out.unlink(missing_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                  serialization.NoEncryption()))
+    pub = out.with_suffix(".pub")
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                  serialization.PublicFormat.OpenSSH))
+    return out, pub
+
+
 class LocalFederation:
     """SuperLink + ``nodes`` SuperNodes on 127.0.0.1; ``run(...)`` submits a run with
     ``flwr run`` and waits for it. Use as a context manager; every process is stopped on exit.
+
+    ``auth=True`` (needs ``tls``) turns on SuperNode authentication: each node gets a key pair,
+    its public key is registered with ``flwr supernode register`` before it starts, and the
+    SuperLink refuses any node whose key is not registered.
     """
 
-    def __init__(self, workdir: str | Path, nodes: int = 2, tls: bool = False):
+    def __init__(self, workdir: str | Path, nodes: int = 2, tls: bool = False,
+                 auth: bool = False):
+        if auth and not tls:
+            raise PlasticError("SuperNode authentication needs TLS: LocalFederation(tls=True, "
+                               "auth=True)")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.nodes, self.tls = nodes, tls
+        self.nodes, self.tls, self.auth = nodes, tls, auth
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, FLWR_HOME=str(self.workdir / "flwr_home"),
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", PYTHONUNBUFFERED="1",
@@ -89,14 +118,42 @@ class LocalFederation:
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{link}"\n{conn}\n')
+        self.node_sec = node_sec
         self._spawn([_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port",
-                     str(link), "--disable-runtime-dependency-installation"], "superlink.log")
+                     str(link), "--disable-runtime-dependency-installation",
+                     *(["--enable-supernode-auth"] if self.auth else [])], "superlink.log")
         _wait_port(link, 60)
         for i, port in enumerate(node_ports):
-            self._spawn([_bin("flower-supernode"), *node_sec, "--superlink", f"127.0.0.1:{link}",
-                         "--node-config", f"partition-id={i} num-partitions={self.nodes}",
-                         "--host", "127.0.0.1", "--port", str(port)], f"supernode{i}.log")
+            key = []
+            if self.auth:
+                private, public = make_node_key(self.workdir / "keys" / f"node{i}")
+                self.register(public)
+                key = ["--auth-supernode-private-key", str(private)]
+            self.start_node(i, port, key)
         return self
+
+    def register(self, public_key: Path) -> None:
+        """``flwr supernode register`` a node's public key with the SuperLink."""
+        done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), "local"],
+                              env=self.env, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise PlasticError(f"flwr supernode register {public_key} failed: "
+                               f"{(done.stdout + done.stderr).strip()[-300:]}")
+
+    def start_node(self, index: int, port: int, extra: list[str] = (),
+                   log: str | None = None) -> subprocess.Popen:
+        """Start a SuperNode for partition ``index`` on ``port`` (``extra``: more flags)."""
+        self._spawn([_bin("flower-supernode"), *self.node_sec, "--superlink",
+                     f"127.0.0.1:{self.link}", "--node-config",
+                     f"partition-id={index} num-partitions={self.nodes}", "--host", "127.0.0.1",
+                     "--port", str(port), *extra], log or f"supernode{index}.log")
+        return self.procs[-1]
+
+    def registered_nodes(self) -> list[dict]:
+        """The SuperLink's nodes (``flwr supernode list``): id and status of each."""
+        done = subprocess.run([_bin("flwr"), "supernode", "list", "local", "--format", "json"],
+                              env=self.env, capture_output=True, text=True, timeout=60)
+        return json.loads(done.stdout).get("nodes", []) if done.returncode == 0 else []
 
     def run(self, run_config: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
         """``flwr run`` the plasticlm app with ``run_config`` and wait for it to finish."""
