@@ -16,6 +16,7 @@ from flwr.app import (
     RecordDict,
 )
 
+from plasticlm.errors import PlasticError
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
@@ -97,3 +98,33 @@ def test_client_app_trains_and_evaluates_when_called_directly(tmp_path):
                  content=RecordDict({"arrays": out.content["arrays"], "config": config}))
     res = client_app(ev, ctx)
     assert not res.has_error() and 0.0 <= res.content["metrics"]["fed-acc"] <= 1.0
+
+
+def test_a_node_loads_its_own_model_and_data_and_keeps_its_state_where_it_says(tmp_path):
+    """The server's message names a model and data that do not exist and a state folder of
+    its choosing; a node configured with its own paths uses those and writes nothing where
+    the server said."""
+    cfg = FedNLConfig(model="/nonexistent/model", data="/nonexistent/data", max_train=8,
+                      max_test=4, method=MethodConfig(name="fedssi", local_steps=2, batch_size=2))
+    from plasticlm.fednl.setup import initial_theta
+
+    theta = initial_theta(FedNLConfig(model="sandbox-quick:receiver", data="sandbox-quick",
+                                      method=cfg.method))
+    server_dir, own_dir = tmp_path / "server-chose", tmp_path / "node-chose"
+    config = ConfigRecord({"server-round": 1, "run-config": cfg.to_json(),
+                           "client-state-dir": str(server_dir)})
+    node = {"partition-id": 1, "num-partitions": 5, "model": "sandbox-quick:receiver",
+            "data": "sandbox-quick", "state-dir": str(own_dir)}
+    ctx = Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={})
+    out = client_app(Message(metadata=meta(0), content=RecordDict(
+        {"arrays": ArrayRecord(theta), "config": config})), ctx)
+    assert not out.has_error(), out.error
+    assert (own_dir / "client1" / "state_0001.safetensors").exists()
+    assert not server_dir.exists()
+    # without its own paths the node follows the server's message (here: a model that is not
+    # there), as in the simulation
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 5},
+                  state=RecordDict(), run_config={})
+    with pytest.raises(PlasticError, match="nonexistent"):
+        client_app(Message(metadata=meta(0), content=RecordDict(
+            {"arrays": ArrayRecord(theta), "config": config})), ctx)

@@ -9,6 +9,7 @@ state folder; the server never sees it.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -25,9 +26,19 @@ from plasticlm.runs import dtype_name, set_threads
 client_app = ClientApp()
 
 
+# What a node says in its own --node-config wins over the server's message: a node loads the
+# model and data it was set up with and writes its state where it chose, whatever the server
+# asks (the server's paths only fill in what a node leaves unsaid, as in the simulation).
+NODE_KEYS = {"model": "model", "data": "data"}
+
+
 def _client(msg: Message, context: Context):
     set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runs.py)
     cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
+    own = {field: str(context.node_config[key]) for key, field in NODE_KEYS.items()
+           if key in context.node_config}
+    if own:
+        cfg = replace(cfg, **own)
     pid = int(context.node_config["partition-id"])
     tasks = tasks_for(cfg)
     if not 0 <= pid < len(tasks):
@@ -53,7 +64,8 @@ def client_train(msg: Message, context: Context) -> Message:
     model's accuracy (the "before aggregation" side of the aggregation drop)."""
     cfg, pid, task, model, tokenizer = _client(msg, context)
     rnd = int(msg.content["config"]["server-round"])
-    state_dir = Path(str(msg.content["config"]["client-state-dir"])) / f"client{pid}"
+    state_dir = Path(str(context.node_config.get("state-dir")
+                         or msg.content["config"]["client-state-dir"])) / f"client{pid}"
     if "personal" in context.state:
         state = unpack_theta(context.state["personal"])
     else:  # a fresh process (first round, or a resumed run): read the client's own disk
