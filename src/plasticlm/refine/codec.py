@@ -189,15 +189,20 @@ def _decode_cache(i: int, h: dict, tensors: dict) -> tuple[Transmission, set[str
     return Transmission(cache, ends.tolist(), prompt_tokens, sorted(layers), text_sha), used
 
 
+def _load_payload(data: bytes, max_bytes: int, what: str) -> dict[str, torch.Tensor]:
+    # The size first: nothing of a too-large payload is parsed.
+    if len(data) > max_bytes:
+        raise PayloadError(f"{what} of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return st_load(bytes(data))
+    except (SafetensorError, ValueError, RuntimeError, TypeError) as e:
+        raise PayloadError(f"{what} is not a safetensors file ({str(e)[:120]})") from None
+
+
 def decode_bundle(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES
                   ) -> tuple[dict, list[Transmission]]:
     """``(request, transmissions)`` of a payload; :class:`PayloadError` names what is wrong."""
-    if len(data) > max_bytes:
-        raise PayloadError(f"payload of {len(data)} bytes exceeds the limit of {max_bytes}")
-    try:
-        tensors = st_load(bytes(data))
-    except (SafetensorError, ValueError, RuntimeError, TypeError) as e:
-        raise PayloadError(f"payload is not a safetensors file ({str(e)[:120]})") from None
+    tensors = _load_payload(data, max_bytes, "payload")
     meta = read_metadata(data, "plasticlm")
     version = meta.get("version") if isinstance(meta, dict) else None
     if version != CODEC_VERSION:
@@ -239,12 +244,7 @@ def encode_fuser(fuser: Fuser) -> bytes:
 
 def decode_fuser(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Fuser:
     """The fuser of an :func:`encode_fuser` payload, checked against its own config."""
-    if len(data) > max_bytes:
-        raise PayloadError(f"fuser payload of {len(data)} bytes exceeds the limit of {max_bytes}")
-    try:
-        state = st_load(bytes(data))
-    except (SafetensorError, ValueError, RuntimeError, TypeError) as e:
-        raise PayloadError(f"fuser payload is not a safetensors file ({str(e)[:120]})") from None
+    state = _load_payload(data, max_bytes, "fuser payload")
     saved = read_metadata(data, "plasticlm-fuser")
     try:
         config = FuserConfig(**saved)
