@@ -10,7 +10,7 @@ import sys
 from importlib import metadata
 
 from plasticlm import __version__
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, Stopped
 from plasticlm.runs import THREADS_ENV, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
@@ -89,6 +89,9 @@ def _run(argv: list[str] | None) -> int:
     try:
         with threads(args.global_threads):  # the thread policy, set once (plasticlm.runs)
             return args.func(args) or 0
+    except Stopped as e:
+        print(f"plasticlm: {e}", file=sys.stderr)
+        return e.status
     except PlasticError as e:
         print(f"plasticlm: error: {e}", file=sys.stderr)
         return 2

@@ -6,18 +6,22 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
+import ray
 from flwr.simulation import run_simulation
+from ray._private import state as ray_state  # the actor table; ray is pinned by flwr
 
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, Stopped
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import METHODS, check_method, gate_check
 from plasticlm.fednl.report import plot_run, summarise
-from plasticlm.fednl.server_app import make_server_app
+from plasticlm.fednl.server_app import StopRequest, make_server_app
 from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import THREADS_ENV, load_tensors
@@ -25,6 +29,9 @@ from plasticlm.runs import THREADS_ENV, load_tensors
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
 # one torch thread: the clients share the machine's cores.
 CLIENT_CPUS = 1
+log = logging.getLogger("plasticlm.fednl")
+# How long a stop waits for the server to finish a round it is committing.
+STOP_WAIT_SECONDS = 30.0
 
 
 def _quiet_flower() -> None:
@@ -35,12 +42,102 @@ def _quiet_flower() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread when Flower does not hold it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _OnSignal:
+    """SIGINT and SIGTERM stop the run; a second signal ends the process without waiting
+    (the checkpoint's writes are atomic).
+
+    While Flower runs the simulation, the main thread is left alone: unwinding it would shut
+    Ray down under a client's pending result, a wait that never ends. Instead the clients'
+    processes are ended (their pending results fail at once), the server leaves at its next
+    poll for replies, and Flower winds down by itself. ``ray.init`` puts its own SIGTERM
+    handler in (an immediate exit): :meth:`install` again after it.
+    """
+
+    def __init__(self, stop: StopRequest):
+        self.stop, self.previous, self.in_flower = stop, {}, False
+
+    def __enter__(self) -> _OnSignal:
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.previous.setdefault(s, signal.signal(s, self.handler))
+
+    def handler(self, signum, frame) -> None:
+        if self.stop.is_set():
+            os._exit(128 + signum)
+        self.stop.set(signum)
+        # the clients' errors from here on are the stop's own doing, not news
+        for name in ("flwr", "ray"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        if not self.in_flower:
+            raise Signalled(signum)
+        _end_clients()
+
+
+def _end_clients() -> None:
+    """Kill the simulation's client processes (Ray actors); their pending results fail."""
+    try:
+        actors = ray_state.actors().values()
+    except Exception as e:  # noqa: BLE001 - the stop goes on; the clients finish their job
+        log.warning("could not list the clients to stop them: %s", e)
+        return
+    for actor in actors:
+        if actor.get("State") == "ALIVE" and actor.get("Pid"):
+            try:
+                os.kill(int(actor["Pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _start_ray(init_args: dict, on_signal: _OnSignal) -> None:
+    """Ray started here rather than by Flower (which uses a running Ray), so that the run's
+    signal handlers go back in after ``ray.init``. The workers get this process's sys.path,
+    as Flower gives them."""
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+                 **init_args)
+    except SystemExit as e:   # Ray's SIGTERM handler, while Ray was starting
+        if e.code != signal.SIGTERM:
+            raise
+        on_signal.handler(signal.SIGTERM, None)
+    on_signal.install()
+
+
+def _stopped(cfg: FedNLConfig, run_dir: Path, stop: StopRequest) -> Stopped:
+    """Wait for the server to leave (Ray is down by now), then say where the run stands."""
+    if not stop.wait_served(STOP_WAIT_SECONDS):
+        print(f"plasticlm: warning: the server did not stop within {STOP_WAIT_SECONDS:.0f}s",
+              file=sys.stderr)
+    done = Checkpointer(run_dir, cfg).committed_round()
+    where = f"after round {done} of {cfg.rounds} (its checkpoint in {run_dir} is intact)" \
+        if done else f"before round 1 was committed ({run_dir})"
+    name = signal.Signals(stop.signum).name
+    return Stopped(f"stopped by {name} {where}; rerun with --resume to continue", stop.signum)
+
+
 def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2) -> Path:
     """Run (or, with ``resume``, continue) ``cfg`` on the simulation runtime.
 
     Writes ``runs/<name>/``: config.json, metrics.jsonl (one record per round with every
     client's local and federated accuracy), the last round's theta, the final theta as an
-    adapter folder, summary.json and plots. Returns the run folder.
+    adapter folder, summary.json and plots. Returns the run folder. SIGINT and SIGTERM stop
+    it within seconds with :class:`Stopped`; the rounds committed so far stay.
     """
     check_method(cfg.method.name)
     if cfg.local_eval not in ("every", "last"):
@@ -62,33 +159,50 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     warning = gate_check(cfg.method, cfg.rounds)
     if warning:
         print(f"plasticlm: warning: {warning}", file=sys.stderr)
+    stop = StopRequest()
+    try:
+        with _OnSignal(stop) as on_signal:
+            _simulate(cfg, run_dir, stop, on_signal, backend_cpus)
+            if stop.is_set():   # Flower has wound down after a signal
+                raise Signalled(stop.signum)
+            done = Checkpointer(run_dir, cfg).committed_round()
+            if done < cfg.rounds:
+                raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see "
+                                   "the log above); continue it with --resume")
+            finish(cfg, run_dir)
+    except Signalled:
+        raise _stopped(cfg, run_dir, stop) from None
+    return run_dir
+
+
+def _simulate(cfg: FedNLConfig, run_dir: Path, stop: StopRequest, on_signal: _OnSignal,
+              backend_cpus: int) -> None:
     n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
     initial = initial_theta(cfg)
     _quiet_flower()
     # Ray's worker processes inherit the environment; the ClientApp calls set_threads().
     previous = os.environ.get(THREADS_ENV)
     os.environ[THREADS_ENV] = str(CLIENT_CPUS)
+    init_args = {"num_cpus": backend_cpus, "include_dashboard": False, "log_to_driver": False,
+                 "logging_level": "ERROR"}
     try:
+        _start_ray(init_args, on_signal)
+        on_signal.in_flower = True
         run_simulation(
-            server_app=make_server_app(cfg, run_dir, initial),
+            server_app=make_server_app(cfg, run_dir, initial, stop),
             client_app=client_app,
             num_supernodes=n,
             backend_config={"client_resources": {"num_cpus": CLIENT_CPUS, "num_gpus": 0.0},
-                            "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
-                                          "log_to_driver": False, "logging_level": "ERROR"}},
+                            "init_args": init_args},
         )
     finally:
+        on_signal.in_flower = False
+        if ray.is_initialized():   # Flower shuts Ray down, unless it failed before its backend
+            ray.shutdown()
         if previous is None:
             os.environ.pop(THREADS_ENV, None)
         else:
             os.environ[THREADS_ENV] = previous
-
-    done = Checkpointer(run_dir, cfg).committed_round()
-    if done < cfg.rounds:
-        raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see the log "
-                           f"above); continue it with --resume")
-    finish(cfg, run_dir)
-    return run_dir
 
 
 def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
