@@ -35,31 +35,40 @@ def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise PlasticError(f"config file {path} does not exist")
-    text = path.read_text()
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise PlasticError(f"config {path}: unknown format {path.suffix!r} (use .toml, .yaml "
+                           "or .json)")
     try:
+        text = path.read_text(encoding="utf-8")
         if path.suffix == ".toml":
-            return tomllib.loads(text)
-        if path.suffix in (".yaml", ".yml"):
-            return yaml.safe_load(text) or {}
-        if path.suffix == ".json":
-            return json.loads(text)
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text) or {}
     except Exception as e:  # parser errors carry the line; keep them
         raise PlasticError(f"could not parse config {path}: {e}") from None
-    raise PlasticError(f"config {path}: unknown format {path.suffix!r} (use .toml, .yaml or .json)")
+    if not isinstance(data, dict):
+        raise PlasticError(f"config {path}: expected a table of keys, got {type(data).__name__}")
+    return data
 
 
 def parse_value(text: str) -> Any:
-    """``"3"`` -> 3, ``"true"`` -> True, ``"[1,2]"`` -> [1, 2], anything else stays a string."""
+    """``"3"`` -> 3, ``"true"`` -> True, ``"[1,2]"`` -> [1, 2], anything else stays a string
+    (so does a text that is more than one TOML value, such as ``"1\nrounds = 2"``)."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        parsed = tomllib.loads(f"v = {text}")
+    except (ValueError, RecursionError):   # TOMLDecodeError, an integer too long to convert
         return text
+    return parsed["v"] if list(parsed) == ["v"] else text
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
-    for k in keys[:-1]:
+    for n, k in enumerate(keys[:-1], 1):
         tree = tree.setdefault(k, {})
+        if not isinstance(tree, dict):
+            raise PlasticError(f"override {dotted}: {'.'.join(keys[:n])} is not a table of keys")
     tree[keys[-1]] = value
 
 
@@ -68,7 +77,7 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     if not isinstance(data, dict):
         raise PlasticError(f"config {where or 'root'}: expected a table, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(str(k) for k in set(data) - set(fields))   # YAML keys may be numbers
     if unknown:
         raise PlasticError(
             f"unknown config key(s) {', '.join(where + k for k in unknown)}; "
@@ -97,7 +106,7 @@ def require_positive(cfg: Any, *names: str) -> None:
     command writes anything."""
     for name in names:
         value = getattr(cfg, name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value > 0:
             raise PlasticError(f"config {name} must be > 0, not {value}")
 
 

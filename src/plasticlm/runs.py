@@ -93,11 +93,18 @@ def runtime(device: str | None = None, dtype: str | None = None
     if chosen[0].type == "cuda" and chosen[1] == torch.bfloat16 \
             and not torch.cuda.is_bf16_supported():
         raise PlasticError("this GPU has no bfloat16; use --dtype float16 or float32")
-    names = {DEVICE_ENV: str(chosen[0]), DTYPE_ENV: dtype_name(chosen[1])}
-    previous = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
-    try:
+    with environment(**{DEVICE_ENV: str(chosen[0]), DTYPE_ENV: dtype_name(chosen[1])}):
         yield chosen
+
+
+@contextlib.contextmanager
+def environment(**variables: str) -> Iterator[None]:
+    """These environment variables set for the block (and the processes it starts), then
+    restored as they were."""
+    previous = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
     finally:
         for k, v in previous.items():
             if v is None:

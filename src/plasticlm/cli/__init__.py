@@ -11,7 +11,7 @@ import sys
 from importlib import metadata
 
 from plasticlm import __version__
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, Stopped
 from plasticlm.runs import THREADS_ENV, runtime, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
@@ -119,6 +119,9 @@ def _run(argv: list[str] | None) -> int:
         # set once here for the whole command (plasticlm.runs)
         with threads(args.global_threads), _runtime(args):
             return args.func(args) or 0
+    except Stopped as e:
+        print(f"plasticlm: {e}", file=sys.stderr)
+        return e.status
     except PlasticError as e:
         print(f"plasticlm: error: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from plasticlm.data.jsonl import read_jsonl
+from plasticlm.data.jsonl import read_json, read_jsonl
 from plasticlm.data.records import LETTERS, LongItem
 from plasticlm.errors import PlasticError
 
@@ -34,15 +34,9 @@ def _item(obj, where: str) -> LongItem:
 def load_longbench(path: str | Path) -> list[LongItem]:
     """LongBench v2 items from a ``.json`` list or a ``.jsonl`` file (one item a line)."""
     path = Path(path)
-    if not path.is_file():
-        raise PlasticError(f"LongBench file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
         return [_item(obj, f"{path}, line {n}") for n, obj in read_jsonl(path, "LongBench")]
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlasticError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    doc = read_json(path, "LongBench")
     if not isinstance(doc, list):
         raise PlasticError(f"{path}: expected a JSON list of items, got {type(doc).__name__}")
     return [_item(obj, f"{path}: item [{i}]") for i, obj in enumerate(doc)]

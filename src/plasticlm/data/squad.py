@@ -6,16 +6,19 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from plasticlm.data.jsonl import read_json
 from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.errors import PlasticError
 
 
-def _field(obj, key: str, kind: type, where: str):
+def _field(obj, key: str, kind: type | tuple[type, ...], where: str):
     if not isinstance(obj, dict) or key not in obj:
         raise PlasticError(f"{where}: missing field {key!r}")
     value = obj[key]
-    if not isinstance(value, kind):
-        raise PlasticError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise PlasticError(f"{where}.{key}: expected {' or '.join(k.__name__ for k in kinds)}, "
+                           f"got {type(value).__name__}")
     return value
 
 
@@ -25,13 +28,7 @@ def load_squad(path: str | Path) -> list[Passage]:
     Each answer span is checked against its context; a mismatch is an error naming the field.
     """
     path = Path(path)
-    if not path.is_file():
-        raise PlasticError(f"SQuAD file {path} does not exist")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise PlasticError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: "
-                           f"{e.msg})") from None
+    doc = read_json(path, "SQuAD")
     out = []
     for i, article in enumerate(_field(doc, "data", list, str(path))):
         where_a = f"{path}: data[{i}]"
@@ -47,7 +44,7 @@ def load_squad(path: str | Path) -> list[Passage]:
                     where_ans = f"{where_q}.answers[{m}]"
                     text = _field(ans, "text", str, where_ans)
                     start = _field(ans, "answer_start", int, where_ans)
-                    if context[start : start + len(text)] != text:
+                    if start < 0 or context[start : start + len(text)] != text:
                         raise PlasticError(f"{where_ans}: answer_start {start} does not point at "
                                            f"{text!r} in the context")
                     answers.append(Answer(text, start))

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from plasticlm.data.jsonl import parse_json, read_json, read_text
 from plasticlm.errors import PlasticError
 from plasticlm.runs import load_tensors, write_text_atomic
 
@@ -40,7 +41,12 @@ class Checkpointer:
     def committed_round(self) -> int:
         if not self.pointer.exists():
             return 0
-        return int(json.loads(self.pointer.read_text())["round"])
+        saved = read_json(self.pointer, "FedNL checkpoint pointer")
+        r = saved.get("round") if isinstance(saved, dict) else None
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+            raise PlasticError(f"{self.pointer} does not name a round ({saved!r:.80}); the run "
+                               "folder is damaged, start a fresh run")
+        return r
 
     def latest(self, initial: dict[str, torch.Tensor]) -> tuple[int, dict[str, torch.Tensor]]:
         """(last committed round, its global theta), or (0, ``initial``); drops any metrics
@@ -87,18 +93,23 @@ class Checkpointer:
         self._torn = False
         if not self.metrics.exists():
             return []
-        lines = [ln for ln in self.metrics.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in read_text(self.metrics, "FedNL metrics").splitlines() if ln.strip()]
         out = []
         for n, line in enumerate(lines, 1):
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = parse_json(line, f"{self.metrics}, line {n}")
+            except PlasticError:
                 if n == len(lines):
                     log.warning("dropping the torn last line of %s", self.metrics)
                     self._torn = True
                     break
                 raise PlasticError(f"{self.metrics}, line {n}: not valid JSON; the run "
                                    "folder is damaged") from None
+            r = record.get("round") if isinstance(record, dict) else None
+            if not isinstance(r, int) or isinstance(r, bool):
+                raise PlasticError(f"{self.metrics}, line {n}: not a round's record; the run "
+                                   "folder is damaged")
+            out.append(record)
         return out
 
 

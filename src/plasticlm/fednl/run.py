@@ -6,34 +6,41 @@ import json
 import logging
 import os
 import shutil
+import signal
+import sys
+import threading
 from pathlib import Path
 
+import ray
 import torch
 from flwr.simulation import run_simulation
+from ray._private import state as ray_state  # the actor table; ray is pinned by flwr
 
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, Stopped
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import METHODS, check_method, gate_check
 from plasticlm.fednl.report import plot_run, summarise
-from plasticlm.fednl.server_app import make_server_app
+from plasticlm.fednl.server_app import StopRequest, make_server_app
 from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import (
     DEVICE_ENV,
     THREADS_ENV,
     dtype_name,
+    environment,
     load_tensors,
     pick_device,
     pick_dtype,
 )
 
-log = logging.getLogger("plasticlm.fednl")
-
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
 # one torch thread: the clients share the machine's cores.
 CLIENT_CPUS = 1
+log = logging.getLogger("plasticlm.fednl")
+# How long a stop waits for the server to finish a round it is committing.
+STOP_WAIT_SECONDS = 30.0
 
 
 def _quiet_flower() -> None:
@@ -44,12 +51,101 @@ def _quiet_flower() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised in the main thread when Flower does not hold it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _OnSignal:
+    """SIGINT and SIGTERM stop the run; a second signal ends the process without waiting
+    (the checkpoint's writes are atomic).
+
+    While Flower runs the simulation, the main thread is left alone: unwinding it would shut
+    Ray down under a client's pending result, a wait that never ends. Instead the clients'
+    processes are ended (their pending results fail at once), the server leaves at its next
+    poll for replies, and Flower winds down by itself. ``ray.init`` puts its own SIGTERM
+    handler in (an immediate exit): :meth:`install` again after it.
+    """
+
+    def __init__(self, stop: StopRequest):
+        self.stop, self.previous, self.in_flower = stop, {}, False
+
+    def __enter__(self) -> _OnSignal:
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        self.previous = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.previous.setdefault(s, signal.signal(s, self.handler))
+
+    def handler(self, signum, frame) -> None:
+        if self.stop.is_set():
+            os._exit(128 + signum)
+        self.stop.set(signum)
+        # the clients' errors from here on are the stop's own doing, not news
+        for name in ("flwr", "ray"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        if not self.in_flower:
+            raise Signalled(signum)
+        _end_clients()
+
+
+def _end_clients() -> None:
+    """Kill the simulation's client processes (Ray actors); their pending results fail."""
+    try:
+        actors = ray_state.actors().values()
+    except Exception as e:  # noqa: BLE001 - the stop goes on; the clients finish their job
+        log.warning("could not list the clients to stop them: %s", e)
+        return
+    for actor in actors:
+        if actor.get("State") == "ALIVE" and actor.get("Pid"):
+            try:
+                os.kill(int(actor["Pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _start_ray(init_args: dict, on_signal: _OnSignal) -> None:
+    """Ray started here rather than by Flower (which uses a running Ray), so that the run's
+    signal handlers go back in after ``ray.init``. The workers get this process's sys.path,
+    as Flower gives them."""
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+                 **init_args)
+    except SystemExit as e:   # Ray's SIGTERM handler, while Ray was starting
+        if e.code != signal.SIGTERM:
+            raise
+        on_signal.handler(signal.SIGTERM, None)
+    on_signal.install()
+
+
+def _stopped(cfg: FedNLConfig, run_dir: Path, stop: StopRequest) -> Stopped:
+    """Wait for the server to leave (Ray is down by now), then say where the run stands."""
+    if not stop.wait_served(STOP_WAIT_SECONDS):
+        log.warning("the server did not stop within %.0fs", STOP_WAIT_SECONDS)
+    done = Checkpointer(run_dir, cfg).committed_round()
+    where = f"after round {done} of {cfg.rounds} (its checkpoint in {run_dir} is intact)" \
+        if done else f"before round 1 was committed ({run_dir})"
+    name = signal.Signals(stop.signum).name
+    return Stopped(f"stopped by {name} {where}; rerun with --resume to continue", stop.signum)
+
+
 def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2) -> Path:
     """Run (or, with ``resume``, continue) ``cfg`` on the simulation runtime.
 
     Writes ``runs/<name>/``: config.json, metrics.jsonl (one record per round with every
     client's local and federated accuracy), the last round's theta, the final theta as an
-    adapter folder, summary.json and plots. Returns the run folder.
+    adapter folder, summary.json and plots. Returns the run folder. SIGINT and SIGTERM stop
+    it within seconds with :class:`Stopped`; the rounds committed so far stay.
     """
     check_method(cfg.method.name)
     if cfg.local_eval not in ("every", "last"):
@@ -71,6 +167,24 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     warning = gate_check(cfg.method, cfg.rounds)
     if warning:
         log.warning(warning)
+    stop = StopRequest()
+    try:
+        with _OnSignal(stop) as on_signal:
+            _simulate(cfg, run_dir, stop, on_signal, backend_cpus)
+            if stop.is_set():   # Flower has wound down after a signal
+                raise Signalled(stop.signum)
+            done = Checkpointer(run_dir, cfg).committed_round()
+            if done < cfg.rounds:
+                raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see "
+                                   "the log above); continue it with --resume")
+            finish(cfg, run_dir)
+    except Signalled:
+        raise _stopped(cfg, run_dir, stop) from None
+    return run_dir
+
+
+def _simulate(cfg: FedNLConfig, run_dir: Path, stop: StopRequest, on_signal: _OnSignal,
+              backend_cpus: int) -> None:
     n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
     initial = initial_theta(cfg)
     _quiet_flower()
@@ -80,32 +194,24 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     env = {THREADS_ENV: str(CLIENT_CPUS)}
     if resources["num_gpus"]:  # Ray hands each client its GPU as cuda:0 of its own
         env[DEVICE_ENV] = "cuda"
-    previous = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     log.info("%s: %d rounds, %d clients on Flower's simulation runtime (%s, %s)", cfg.name,
              cfg.rounds, n, pick_device(), dtype_name(pick_dtype()))
-    try:
-        run_simulation(
-            server_app=make_server_app(cfg, run_dir, initial),
-            client_app=client_app,
-            num_supernodes=n,
-            backend_config={"client_resources": resources,
-                            "init_args": {"num_cpus": backend_cpus, "include_dashboard": False,
-                                          "log_to_driver": False, "logging_level": "ERROR"}},
-        )
-    finally:
-        for k, v in previous.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    done = Checkpointer(run_dir, cfg).committed_round()
-    if done < cfg.rounds:
-        raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see the log "
-                           f"above); continue it with --resume")
-    finish(cfg, run_dir)
-    return run_dir
+    init_args = {"num_cpus": backend_cpus, "include_dashboard": False, "log_to_driver": False,
+                 "logging_level": "ERROR"}
+    with environment(**env):
+        try:
+            _start_ray(init_args, on_signal)
+            on_signal.in_flower = True
+            run_simulation(
+                server_app=make_server_app(cfg, run_dir, initial, stop),
+                client_app=client_app,
+                num_supernodes=n,
+                backend_config={"client_resources": resources, "init_args": init_args},
+            )
+        finally:
+            on_signal.in_flower = False
+            if ray.is_initialized():   # Flower shuts Ray down, unless it failed earlier
+                ray.shutdown()
 
 
 def client_resources(device: torch.device, backend_cpus: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,67 @@ log = logging.getLogger("plasticlm.fednl")
 
 class RoundFailed(RuntimeError):
     """Too few valid replies to aggregate a round; the last checkpoint stays intact."""
+
+
+class RunStopped(Exception):
+    """The run was asked to stop (a signal); the rounds committed so far stay."""
+
+
+class StopRequest:
+    """A stop asked of a simulated run, from a signal handler: the server gives up at its
+    next poll for replies, and :meth:`wait_served` returns once it has. The server holds
+    ``serving`` while it runs, so a round being committed is finished before the wait ends."""
+
+    def __init__(self):
+        self.signum = 0
+        self.serving = threading.Lock()
+        self._asked = threading.Event()
+
+    def set(self, signum: int) -> None:
+        self.signum = signum
+        self._asked.set()
+
+    def is_set(self) -> bool:
+        return self._asked.is_set()
+
+    def wait_served(self, seconds: float) -> bool:
+        if not self.serving.acquire(timeout=seconds):
+            return False
+        self.serving.release()
+        return True
+
+
+class StoppableGrid:
+    """A Grid whose waits give up as soon as a stop is asked: Flower's ``send_and_receive``
+    only returns when every reply is in or ``round_timeout`` has passed."""
+
+    def __init__(self, grid: Grid, stop: StopRequest, interval: float = 0.1):
+        self._grid, self._stop, self._interval = grid, stop, interval
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise RunStopped(f"stop asked by signal {self._stop.signum}")
+
+    def get_node_ids(self):
+        self._check()
+        return self._grid.get_node_ids()
+
+    def send_and_receive(self, messages, *, timeout: float | None = None) -> list[Message]:
+        self._check()
+        waiting = set(self._grid.push_messages(messages))
+        end = time.time() + (timeout or 0.0)
+        replies: list[Message] = []
+        while waiting and (timeout is None or time.time() < end):
+            self._check()
+            got = list(self._grid.pull_messages(waiting))
+            replies.extend(got)
+            waiting -= {m.metadata.reply_to_message_id for m in got}
+            if waiting:
+                time.sleep(self._interval)
+        return replies
 
 
 class ThetaAverage(FedAvg):
@@ -231,14 +293,22 @@ def _wait_for_nodes(grid: Grid, wanted: int, minimum: int, seconds: float = 120.
                           f"the run needs at least min_clients={minimum}")
 
 
-def make_server_app(cfg: FedNLConfig, run_dir: str | Path,
-                    initial: dict[str, torch.Tensor]) -> ServerApp:
-    """A ServerApp bound to one run (the simulation runtime's way in)."""
+def make_server_app(cfg: FedNLConfig, run_dir: str | Path, initial: dict[str, torch.Tensor],
+                    stop: StopRequest | None = None) -> ServerApp:
+    """A ServerApp bound to one run (the simulation runtime's way in); ``stop`` ends it
+    between polls for replies, keeping the rounds committed so far."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        server_main(grid, cfg, run_dir, initial)
+        if stop is None:
+            server_main(grid, cfg, run_dir, initial)
+            return
+        with stop.serving:
+            try:
+                server_main(StoppableGrid(grid, stop), cfg, run_dir, initial)
+            except RunStopped as e:
+                log.info("server stopped: %s", e)
 
     return app
 

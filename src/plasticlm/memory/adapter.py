@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from plasticlm.config import from_dict
+from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
 from plasticlm.memory.layer import MemoryAttention, MemoryConfig
 from plasticlm.runs import load_tensors
@@ -74,9 +75,8 @@ def attach_memory(
     config = dataclasses.replace(config, layers=sorted(set(config.layers)), model_type=model.config.model_type)
     bad = [i for i in config.layers if not 0 <= i < n]
     if bad:
-        raise PlasticError(f"memory layers {bad} do not exist; the model has layers 0..{n - 1}")
-    if config.window < 1 or config.rank < 1:
-        raise PlasticError(f"window and rank must be >= 1; got window={config.window}, rank={config.rank}")
+        raise PlasticError(f"memory layers {bad[:8]}{' ...' if len(bad) > 8 else ''} do not "
+                           f"exist; the model has layers 0..{n - 1}")
 
     for p in model.parameters():
         p.requires_grad_(False)
@@ -151,10 +151,17 @@ def save_pretrained(model: nn.Module, directory: str | Path) -> int:
 
 def load_theta(model: nn.Module, directory: str | Path) -> None:
     """Copy saved theta into a model that already has the same memory attached."""
+    _copy_theta(model, _read_theta(directory))
+
+
+def _read_theta(directory: str | Path) -> dict[str, torch.Tensor]:
     path = Path(directory) / THETA_FILE
     if not path.exists():
         raise PlasticError(f"{path} does not exist; save theta with plasticlm.memory.save_pretrained")
-    saved = load_tensors(path, "memory adapter")
+    return load_tensors(path, "memory adapter")
+
+
+def _copy_theta(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
     theta = meta_parameters(model)
     missing, extra = sorted(set(theta) - set(saved)), sorted(set(saved) - set(theta))
     if missing or extra:
@@ -167,11 +174,27 @@ def load_theta(model: nn.Module, directory: str | Path) -> None:
 
 
 def from_pretrained(model: nn.Module, directory: str | Path) -> nn.Module:
-    """Attach memory to base ``model`` with the saved config, then load the saved theta."""
+    """Attach memory to base ``model`` with the saved config, then load the saved theta. A
+    config the saved theta cannot back is refused before anything is built, and a refused
+    adapter leaves ``model`` as it was."""
     path = Path(directory) / CONFIG_FILE
     if not path.exists():
         raise PlasticError(f"{path} does not exist; is {directory} a saved memory adapter?")
-    config = from_dict(MemoryConfig, json.loads(path.read_text()))
+    try:
+        config = from_dict(MemoryConfig, read_json(path, "memory adapter config"))
+    except PlasticError as e:
+        raise PlasticError(f"{path} is not a memory adapter config ({e})") from None
+    saved = _read_theta(directory)
+    # the sizes theta is built from (the model gives the rest) must appear in the saved
+    # tensors' shapes: a rank of 10^9 is refused here, not allocated
+    largest = max((max(t.shape, default=0) for t in saved.values()), default=0)
+    if config.layers and max(config.rank, config.conv_size) > largest:
+        raise PlasticError(f"{path}: rank {config.rank} or conv_size {config.conv_size} does not "
+                           f"fit the saved theta (no dimension above {largest})")
     attach_memory(model, config=config)
-    load_theta(model, directory)
+    try:
+        _copy_theta(model, saved)
+    except PlasticError:
+        detach_memory(model)
+        raise
     return model

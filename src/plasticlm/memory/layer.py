@@ -73,6 +73,10 @@ class MemoryConfig:
                               ("lora_scope", ("memory", "shared"))):
             if getattr(self, name) not in allowed:
                 raise PlasticError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
+        if min(self.window, self.rank, self.chunk_size) < 1 or self.conv_size < 0:
+            raise PlasticError(f"memory window, rank and chunk_size must be >= 1 and conv_size "
+                               f">= 0; got window={self.window}, rank={self.rank}, chunk_size="
+                               f"{self.chunk_size}, conv_size={self.conv_size}")
 
 
 class LoRA(nn.Module):

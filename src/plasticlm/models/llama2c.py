@@ -11,6 +11,7 @@ llama2.c's "merge the best-scoring adjacent pair" encoder.
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def _read_header(path: Path) -> tuple[int, ...]:
     dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = dims
     sane = (dim > 0 and hidden > 0 and 0 < n_layers < 1024 and 0 < n_heads <= dim
             and 0 < n_kv <= n_heads and n_heads % n_kv == 0 and dim % n_heads == 0
+            and (dim // n_heads) % 2 == 0   # RoPE turns pairs of a head's dimensions
             and 0 < abs(vocab) < 10_000_000 and 0 < seq_len < 10_000_000)
     if not sane:
         raise PlasticError(
@@ -68,7 +70,8 @@ def load_llama2c_model(model_bin: str | Path):
     }
     if not shared:
         shapes["wcls"] = (vocab, dim)
-    expected = sum(int(np.prod(s)) for s in shapes.values())
+    # exact integers: the header's sizes multiplied may pass int64 and wrap around
+    expected = sum(math.prod(s) for s in shapes.values())
     data = np.fromfile(path, dtype="<f4", offset=HEADER.size)
     if data.size != expected:
         raise PlasticError(
@@ -77,7 +80,7 @@ def load_llama2c_model(model_bin: str | Path):
         )
     tensors, offset = {}, 0
     for name, shape in shapes.items():
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         tensors[name] = torch.from_numpy(data[offset : offset + n].copy()).view(shape)
         offset += n
     if not all(torch.isfinite(t).all() for t in tensors.values()):

@@ -27,7 +27,7 @@ from safetensors.torch import save as st_save
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine.cache import KVCache, KVLayout
-from plasticlm.refine.fuser import Fuser, FuserConfig
+from plasticlm.refine.fuser import Fuser, config_from
 from plasticlm.refine.peer import Transmission
 
 CODEC_VERSION = 1
@@ -247,9 +247,9 @@ def decode_fuser(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Fuser:
     state = _load_payload(data, max_bytes, "fuser payload")
     saved = read_metadata(data, "plasticlm-fuser")
     try:
-        config = FuserConfig(**saved)
-    except (TypeError, PlasticError) as e:
-        raise PayloadError(f"fuser payload has no valid config ({e})") from None
+        config = config_from(saved, "fuser payload")
+    except PlasticError as e:
+        raise PayloadError(str(e)) from None
     if any(not torch.isfinite(t).all() for t in state.values() if t.is_floating_point()):
         raise PayloadError("fuser payload holds NaN or inf weights")
     try:

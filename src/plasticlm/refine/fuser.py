@@ -36,6 +36,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from plasticlm.config import from_dict, require_positive
+from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
 from plasticlm.refine.align import derotate, layer_map, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
@@ -91,6 +93,8 @@ class FuserConfig:
     share: str = "all"
 
     def __post_init__(self):
+        require_positive(self, "receiver_layers", "receiver_kv_heads", "receiver_head_dim",
+                         "transmitter_layers", "transmitter_kv_heads", "transmitter_head_dim")
         if self.mode not in FUSION_MODES:
             raise PlasticError(f"unknown fusion mode {self.mode!r}; choose one of "
                                f"{', '.join(FUSION_MODES)}")
@@ -251,27 +255,35 @@ class Fuser(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, device=None) -> Fuser:
         """Load a fuser written by :meth:`save_pretrained`, onto ``device`` (default: the
-        run's, as models load: :func:`plasticlm.runs.pick_device`)."""
+        run's, as models load: :func:`plasticlm.runs.pick_device`). Sizes in the config that
+        its weights do not back are refused before anything is built."""
         folder = Path(folder)
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "
                                f"{WEIGHTS_NAME}); train one with `plasticlm refine train-fuser`")
-        try:
-            saved = json.loads((folder / CONFIG_NAME).read_text())
-            saved.setdefault("kind", "lowrank")       # folders written before there were kinds
+        saved = read_json(folder / CONFIG_NAME, "fuser config")
+        if isinstance(saved, dict):
+            saved.setdefault("kind", "lowrank")   # folders written before there were kinds
             saved.setdefault("fuse_last", True)
-            config = FuserConfig(**saved)
-        except (json.JSONDecodeError, TypeError, AttributeError) as e:
-            raise PlasticError(f"{folder / CONFIG_NAME} is not a fuser config ({e}); train the "
-                               "fuser again with `plasticlm refine train-fuser`") from None
-        return cls.from_state(config, load_tensors(folder / WEIGHTS_NAME, "fuser weights"),
-                              str(folder / WEIGHTS_NAME), device)
+        try:
+            return cls.from_state(config_from(saved, str(folder / CONFIG_NAME)),
+                                  load_tensors(folder / WEIGHTS_NAME, "fuser weights"),
+                                  str(folder / WEIGHTS_NAME), device)
+        except PlasticError as e:
+            raise PlasticError(f"{e}; {RETRAIN}") from None
 
     @classmethod
     def from_state(cls, config: FuserConfig, state: dict[str, torch.Tensor], source: str,
                    device=None) -> Fuser:
-        """A fuser of ``config`` holding ``state`` (its state dict, read from ``source``), on
-        ``device`` (default: the run's)."""
+        """A fuser of ``config`` holding ``state`` (its state dict, read from ``source``, a
+        folder or a payload), on ``device`` (default: the run's)."""
+        problem = _unbacked(config, state)
+        if problem:
+            raise PlasticError(f"{source} does not match its config ({problem})")
+        try:
+            config.layers   # noqa: B018 - the layer map must exist (sizes bounded by the file now)
+        except PlasticError as e:
+            raise PlasticError(f"{source}: {e}") from None
         for side, dim in (("receiver", config.receiver_head_dim),
                           ("transmitter", config.transmitter_head_dim)):
             freq = state.get(f"{side}_inv_freq")
@@ -286,3 +298,36 @@ class Fuser(nn.Module):
             raise PlasticError(f"{source} does not match its config "
                                f"({str(e).splitlines()[0]})") from None
         return fuser.to(pick_device(device)).eval()
+
+
+RETRAIN = "train the fuser again with `plasticlm refine train-fuser`"
+
+
+def config_from(saved, source: str) -> FuserConfig:
+    """The :class:`FuserConfig` of a saved (JSON) config, type-checked."""
+    try:
+        return from_dict(FuserConfig, saved)
+    except (PlasticError, TypeError) as e:
+        raise PlasticError(f"{source} is not a fuser config ({e})") from None
+
+
+def _unbacked(config: FuserConfig, state: dict[str, torch.Tensor]) -> str | None:
+    """Why ``state`` cannot be the weights of a fuser of ``config``, or None. Checked on the
+    meta device once the layer count matches the file's, so a size no file backs (10^9
+    layers or heads) is never allocated."""
+    stored = {k.split(".")[1] for k in state if k.startswith("layers.")}
+    if config.receiver_layers != len(stored):
+        return f"{config.receiver_layers} receiver layers, weights for {len(stored)}"
+    try:
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in
+                      Fuser(config, torch.zeros(0), torch.zeros(0)).state_dict().items()
+                      if not k.endswith("inv_freq")}
+    except (RuntimeError, ValueError, TypeError, OverflowError) as e:   # sizes past int64
+        return str(e).splitlines()[0]
+    got = {k: tuple(v.shape) for k, v in state.items() if not k.endswith("inv_freq")}
+    if shapes != got:
+        wrong = sorted(k for k in set(shapes) | set(got) if shapes.get(k) != got.get(k))
+        return f"{len(wrong)} tensors differ, e.g. {wrong[0]}: {shapes.get(wrong[0])} in the " \
+               f"config, {got.get(wrong[0])} in the file"
+    return None

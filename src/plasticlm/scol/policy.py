@@ -19,6 +19,11 @@ from plasticlm.eval import encode_with_bos
 PREFIX = "layers: "
 SEPARATOR = ", "
 _INTEGER = re.compile(r"-?\d+")
+# ASCII-only case folding: str.lower() can change a text's length (e.g. "İ"), which would
+# shift an index found in the lowered text
+_WORD = re.compile("layers:", re.IGNORECASE | re.ASCII)
+# no layer index has more digits; int() refuses texts of thousands of digits
+_MAX_DIGITS = 9
 
 
 def action_prompt(context: str, num_layers: int, max_chars: int = 2000) -> str:
@@ -48,14 +53,14 @@ class ParsedAction:
 def parse_layers(text: str, num_layers: int) -> ParsedAction:
     """Layer indices named in ``text``: integers after ``layers:`` (or anywhere when that
     word is absent), kept when ``0 <= i < num_layers``; drops are counted, nothing raises."""
-    low = text.lower()
-    at = low.find("layers:")
-    body = text[at + len("layers:"):] if at >= 0 else text
-    numbers = [int(m) for m in _INTEGER.findall(body)]
+    word = _WORD.search(text)
+    body = text[word.end():] if word else text
+    numbers = [int(m) if len(m.lstrip("-")) <= _MAX_DIGITS else None
+               for m in _INTEGER.findall(body)]
     kept: list[int] = []
     out_of_range = duplicates = 0
     for n in numbers:
-        if not 0 <= n < num_layers:
+        if n is None or not 0 <= n < num_layers:
             out_of_range += 1
         elif n in kept:
             duplicates += 1
