@@ -123,6 +123,10 @@ def _service_options(q: argparse.ArgumentParser, port: int) -> None:
     q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
 
 
+def _choices(args) -> list[str]:
+    return [c for c in args.choices.split("|") if c.strip()]
+
+
 def _token() -> str | None:
     # From the environment, not argv: a command line is visible to every user of the machine.
     return os.environ.get("PLASTICLM_TOKEN") or None
@@ -245,7 +249,7 @@ def _ask_remote_receiver(args) -> int:
 
     body = {"prompt": args.prompt, "mode": args.mode, "max_new_tokens": args.max_new_tokens,
             "private": args.private, "order": args.order,
-            "choices": [c for c in args.choices.split("|") if c.strip()]}
+            "choices": _choices(args)}
     r = call_peer(http_client(args.timeout * 4, args.ca or True), "POST",
               f"{args.receiver.rstrip('/')}/ask", _token(), json=body)
     print(json.dumps(r.json(), indent=1))
@@ -293,7 +297,7 @@ def _ask(args) -> int:
     fr = FedRefine(receiver, links, RefineConfig(private=args.private, order=args.order,
                                                  rounds=args.rounds), reverse_fuser=reverse)
     if args.choices:
-        choices = [c for c in args.choices.split("|") if c.strip()]
+        choices = _choices(args)
         s = fr.score(args.prompt, choices, args.mode)
         out = {"mode": args.mode, "choice": choices[s.choice], "scores": s.scores,
                "ttft_ms": 1000 * s.ttft, "latency_ms": 1000 * s.latency,

@@ -256,8 +256,3 @@ def decode_fuser(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Fuser:
         return Fuser.from_state(config, state, "fuser payload")
     except PlasticError as e:
         raise PayloadError(str(e)) from None
-
-
-def bytes_per_token(transmission: Transmission, quant: str) -> float:
-    """Payload bytes per transmitted token of one cache encoded with ``quant``."""
-    return len(encode_bundle([transmission], quant=quant)) / transmission.cache.length

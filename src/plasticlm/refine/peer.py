@@ -84,7 +84,7 @@ class Peer:
         ids, ends = token_ends(self.tokenizer, text)
         prompt_tokens = len(ids)
         if draft_tokens > 0:
-            ids = transmitter_ids(self, text, draft_tokens)
+            ids = with_draft(self, ids, draft_tokens)
             ends = ends + [len(text)] * (len(ids) - prompt_tokens)
         cache, _ = extract_cache(self.model, as_batch(ids), model_name=self.name)
         first = min(max(1, prompt_tokens), len(ids) - 1) if share == "draft" else 0
@@ -129,7 +129,12 @@ def continuation_ids(tokenizer, prompt: list[int], prompt_text: str, piece: str)
 def transmitter_ids(peer: Peer, text: str, draft_tokens: int = 0) -> list[int]:
     """The transmitter's tokens of ``text`` (one BOS), followed by up to ``draft_tokens``
     greedy tokens of its own (stopping at EOS)."""
-    ids = prompt_ids(peer.tokenizer, text)
+    return with_draft(peer, prompt_ids(peer.tokenizer, text), draft_tokens)
+
+
+@torch.no_grad()
+def with_draft(peer: Peer, ids: list[int], draft_tokens: int) -> list[int]:
+    """``ids`` followed by up to ``draft_tokens`` greedy tokens of ``peer`` (stopping at EOS)."""
     if draft_tokens <= 0:
         return ids
     device = next(peer.model.parameters()).device

@@ -5,6 +5,7 @@ registry, as a folder or a service (:func:`fuser_source`)."""
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from pathlib import Path
@@ -84,7 +85,7 @@ class RemotePeer:
     def name(self) -> str:
         return self.info["name"]
 
-    @property
+    @functools.cached_property
     def layout(self) -> KVLayout:
         i = self.info
         return KVLayout(i["model_type"], i["num_layers"], i["num_kv_heads"], i["head_dim"],
