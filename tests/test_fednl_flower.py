@@ -104,7 +104,8 @@ def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(
     with the two registered nodes only."""
     import time
 
-    from plasticlm.fednl.deploy import LocalFederation, _free_ports, make_node_key
+    from plasticlm.fednl.deploy import LocalFederation, make_node_key
+    from plasticlm.fednl.processes import free_ports
     from plasticlm.sandbox import sandbox_model, sandbox_world
 
     sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes
@@ -117,7 +118,7 @@ def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(
     with LocalFederation(tmp_path / "fed", nodes=2, tls=True, auth=True) as fed:
         private, _ = make_node_key(tmp_path / "rogue")           # never registered
         assert private.stat().st_mode & 0o777 == 0o600
-        ports = _free_ports(2)
+        ports = free_ports(2)
         rogues = [fed.start_node(0, ports[0], ["--auth-supernode-private-key", str(private)],
                                  "rogue-key.log"),
                   fed.start_node(0, ports[1], [], "rogue-nokey.log")]

@@ -2,10 +2,13 @@
 or bounded, the round goes on with the rest, and the server never crashes."""
 
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import (
+    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -14,12 +17,17 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.robust import AggregationConfig
 from plasticlm.fednl.server_app import RoundFailed, ThetaAverage
 
+FUZZ = settings(max_examples=150, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
 THETA = {"w": torch.ones(2, 3), "gate_logit": torch.full((2,), -3.0)}
 
 
@@ -112,3 +120,106 @@ def test_an_oversized_reply_is_refused_before_it_becomes_tensors(server):
     huge = {**THETA, "w": torch.zeros(2, 3), "padding": torch.zeros(100_000)}
     s.aggregate_train(1, [reply(0), reply(1), reply(2, huge)])
     assert len(s.record["rejected"]) == 1 and "more than the" in s.record["rejected"][0]
+
+
+# Fuzzed replies: any metrics, client record and arrays a node could send.
+NUMBERS = st.one_of(st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
+                    st.lists(st.integers(-5, 5), max_size=3),
+                    st.lists(st.floats(allow_nan=True), max_size=3))
+METRIC_KEYS = st.sampled_from(["num-examples", "partition-id", "train_loss", "fed-acc",
+                               "local-acc", "x"])
+TEXTS = st.one_of(st.text(max_size=50), st.integers(), st.floats(allow_nan=True), st.booleans(),
+                  st.binary(max_size=20))
+DTYPES = st.sampled_from(["float32", "float16", "float64", "int64", "int8", "bool", "complex64",
+                          "<U3", "uint8"])
+
+
+@st.composite
+def arrays(draw):
+    keys = draw(st.lists(st.sampled_from(["w", "gate_logit", "extra"]), unique=True, max_size=3))
+    out = {}
+    for k in keys:
+        shape = THETA[k].shape if k in THETA and draw(st.booleans()) else \
+            tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+        dtype = np.dtype(draw(DTYPES))
+        values = draw(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                               min_size=1, max_size=1))[0]
+        with np.errstate(all="ignore"):
+            out[k] = Array(np.full(shape, values if dtype.kind in "fc" else 1).astype(dtype))
+        if draw(st.integers(0, 3)) == 0:   # headers that lie about the bytes
+            out[k] = Array(dtype=draw(st.sampled_from(["float32", "float16", "<U3"])),
+                           shape=tuple(THETA.get(k, THETA["w"]).shape), stype="numpy.ndarray",
+                           data=draw(st.one_of(st.binary(max_size=200),
+                                               st.just(out[k].data[:-3]))))
+    return ArrayRecord(out)
+
+
+@st.composite
+def replies(draw, kind):
+    if draw(st.booleans()):   # well-formed metrics and client record: the arrays are tried
+        metrics = {"num-examples": draw(st.integers(1, 10**6)),
+                   "partition-id": draw(st.integers(0, 4)), "train_loss": 1.0, "fed-acc": 0.5}
+        client = {"name": "c", "domain": "d", "runtime": draw(TEXTS)}
+    else:
+        metrics = draw(st.dictionaries(METRIC_KEYS, NUMBERS, max_size=6))
+        client = draw(st.dictionaries(st.sampled_from(["name", "domain", "runtime", "y"]),
+                                      TEXTS, max_size=4))
+    content = {}
+    if draw(st.integers(0, 9)):
+        content["metrics"] = MetricRecord(metrics)
+    if draw(st.integers(0, 9)):
+        content["client"] = ConfigRecord(client)
+    if kind == MessageType.TRAIN and draw(st.integers(0, 9)):
+        content["arrays"] = draw(arrays())
+    pid = metrics.get("partition-id", 9)
+    src = abs(pid) % 100 if isinstance(pid, int) else 9
+    return Message(metadata=meta(src, kind), content=RecordDict(content))
+
+
+@FUZZ
+@given(st.lists(st.one_of(replies(MessageType.TRAIN), st.builds(reply, st.integers(0, 4))),
+                max_size=6),
+       st.lists(st.one_of(replies(MessageType.EVALUATE),
+                          st.builds(reply, st.integers(0, 4), kind=st.just(MessageType.EVALUATE))),
+                max_size=6))
+def test_any_replies_are_aggregated_or_fail_the_round_cleanly(tmp_path_factory, train, evaluate):
+    """Whatever the nodes send, a round aggregates the valid replies (theta keeps its keys,
+    shapes and finite values) or fails with RoundFailed; nothing else is raised, and a round
+    is committed only with a finite accuracy."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    cfg = FedNLConfig(min_clients=1, max_train=96)
+    s = ThetaAverage(cfg, Checkpointer(folder, cfg), start_round=0, num_nodes=5)
+    s.reference = {k: v.clone() for k, v in THETA.items()}
+    s.record = {"round": 1, "t0": 0.0, f"sent_{MessageType.TRAIN}": 5}
+    try:
+        result, _ = s.aggregate_train(1, train)
+    except RoundFailed:
+        return
+    theta = result.to_torch_state_dict()
+    assert set(theta) == set(THETA)
+    assert all(theta[k].shape == THETA[k].shape and torch.isfinite(theta[k]).all() for k in THETA)
+    assert len(s.record.get("rejected", [])) + len(s.record["clients"]) <= len(train)
+    try:
+        s.aggregate_evaluate(1, evaluate)
+    except RoundFailed:
+        assert not (folder / "checkpoint.json").exists()
+        return
+    committed = Checkpointer(folder, cfg).records()[-1]
+    assert math.isfinite(committed["mean_fed_acc"]) and 0 <= committed["mean_fed_acc"] <= 1
+
+
+@pytest.mark.parametrize("array, reason", [
+    (Array(np.array(["1", "2"])), "gate_logit has dtype <U1"),
+    (Array(np.ones(2, dtype=np.complex64)), "gate_logit has dtype complex64"),
+    (Array(dtype="float32", shape=(2,), stype="numpy.ndarray", data=b"garbage"),
+     "arrays could not be read"),
+    (Array(np.ones(3, dtype=np.float32)), "gate_logit has shape (3,)"),
+])
+def test_arrays_that_are_not_theta_are_rejected_not_read(server, array, reason):
+    """Found by the fuzzing above: text and complex arrays, and bytes that are not the array
+    their header announces, crashed the server or were cast silently."""
+    s = server()
+    bad = reply(2, {k: Array(v.numpy()) for k, v in THETA.items()})
+    bad.content["arrays"]["gate_logit"] = array
+    s.aggregate_train(1, [reply(0), reply(1), bad])
+    assert len(s.record["rejected"]) == 1 and reason in s.record["rejected"][0]

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = dsub.add_parser("world", help="write the sandbox world (corpus, MC, SQuAD, LongBench)",
                         description="Generate the fictional world from a seed and write it in "
                         "real dataset formats under --out.")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=None, help="the world's seed (same as --set seed=N)")
     q.add_argument("--out", required=True)
     add_config_options(q, "plasticlm.sandbox.world:WorldConfig")
     q.set_defaults(func=_world)
@@ -54,7 +54,7 @@ def _world(args) -> int:
     from plasticlm.sandbox.world import WorldConfig, generate_world
     from plasticlm.sandbox.world_index import write_world
 
-    cfg = load_from_args(WorldConfig, args, [f"seed={args.seed}"])
+    cfg = load_from_args(WorldConfig, args, [] if args.seed is None else [f"seed={args.seed}"])
     world = generate_world(cfg)
     out = write_world(world, args.out)
     write_world_tasks(world, out, seed=cfg.seed)

@@ -82,12 +82,19 @@ def _run(args) -> int:
 def _compare(args) -> int:
     import dataclasses
 
+    from plasticlm.errors import PlasticError
+    from plasticlm.fednl.methods import check_method
     from plasticlm.fednl.report import comparison_table
     from plasticlm.fednl.run import run_federated
 
     base = _load(args)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not names:
+        raise PlasticError("--methods names no method; e.g. --methods fednl,fedavg")
+    for name in names:
+        check_method(name)
     summaries = []
-    for name in [m.strip() for m in args.methods.split(",") if m.strip()]:
+    for name in names:
         cfg = dataclasses.replace(base, name=f"{base.name}-{name}",
                                   method=dataclasses.replace(base.method, name=name))
         log.info("compare: method %s", name)

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(window alone; window + delta-rule memory) on multi-query associative recall, "
                         "then print and save both accuracies.")
     for f in dataclasses.fields(MQARConfig):
-        q.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        kind = _yes_no if isinstance(f.default, bool) else type(f.default)
+        q.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
     q.add_argument("--out", default="runs/mqar", help="run folder for config.json and result.json")
     q.set_defaults(func=_mqar)
 
@@ -28,6 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "plasticlm.memory.save_pretrained.")
     q.add_argument("adapter_dir")
     q.set_defaults(func=_info)
+
+
+def _yes_no(text: str) -> bool:
+    # bool("false") is True: argparse's type=bool would accept anything as true
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if text.strip().lower() not in value:
+        raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+    return value[text.strip().lower()]
 
 
 def _mqar(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from plasticlm.cli.options import add_runtime_options
 
@@ -72,8 +73,14 @@ def _info(args) -> int:
 def _generate(args) -> int:
     import torch
 
+    from plasticlm.errors import PlasticError
     from plasticlm.models import load_causal_lm
 
+    if args.max_new_tokens < 1:
+        raise PlasticError(f"--max-new-tokens must be >= 1, not {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise PlasticError(f"--temperature must be a number >= 0 (0: greedy), not "
+                           f"{args.temperature}")
     model, tok = load_causal_lm(args.model)
     ids = tok(args.prompt).input_ids if args.prompt else []
     if not ids or ids[0] != tok.bos_token_id:

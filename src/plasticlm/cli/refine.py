@@ -133,13 +133,22 @@ def _token() -> str | None:
 
 
 def _service_config(args, **kw):
+    from pathlib import Path
+
     from plasticlm.errors import PlasticError
     from plasticlm.refine.codec import check_quant
-    from plasticlm.refine.service import ServiceConfig
+    from plasticlm.refine.service import ServiceConfig, check_listen, check_url
 
     check_quant(getattr(args, "quant", "bf16"))
-    if args.max_payload_mb <= 0:
+    if not args.max_payload_mb > 0:
         raise PlasticError(f"--max-payload-mb must be > 0, not {args.max_payload_mb}")
+    if not args.timeout > 0:
+        raise PlasticError(f"--timeout must be > 0 seconds, not {args.timeout}")
+    check_listen(args.host, args.port, args.tls_cert, args.tls_key)
+    for url in getattr(args, "peer", None) or []:
+        check_url(url, "--peer")
+    if args.ca and not Path(args.ca).is_file():
+        raise PlasticError(f"--ca {args.ca}: no such file (a PEM bundle of the peers' CA)")
     return ServiceConfig(token=_token(), max_payload_bytes=int(args.max_payload_mb * 2**20),
                          peer_timeout=args.timeout, verify=args.ca or True, **kw)
 

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
+from plasticlm.errors import PlasticError
 from plasticlm.run_report import write_report
 
 
@@ -81,6 +82,14 @@ def _train(args) -> int:
     return 0
 
 
+def _check_policy(path: str) -> None:
+    from pathlib import Path
+
+    if not (Path(path) / "config.json").is_file():
+        raise PlasticError(f"--policy {path} is not a policy checkpoint folder (`plasticlm scol "
+                           "train` writes one: OUT/checkpoint)")
+
+
 def _run(args) -> int:
     from pathlib import Path
 
@@ -93,6 +102,7 @@ def _run(args) -> int:
     from plasticlm.scol.setup import load_model, resolve_world_file
 
     cfg = _config(args)
+    _check_policy(args.policy)
     _, tok = load_model(cfg)
     policy = float32_master(load_causal_lm(args.policy, dtype="float32")[0])
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
@@ -121,6 +131,12 @@ def _experiment(args) -> int:
     from plasticlm.scol.longbench import run_longbench
 
     cfg = _config(args)
+    if args.policy and args.which != "fisher":
+        raise PlasticError(f"--policy is for 'fisher' only, not {args.which!r}")
+    if args.sweep and args.which != "sweep":
+        raise PlasticError(f"--sweep is for 'sweep' only, not {args.which!r}")
+    if args.policy:
+        _check_policy(args.policy)
     out = args.out or f"runs/scol-{args.which}"
     progress = not args.no_progress
     if args.which == "squad":
@@ -131,8 +147,8 @@ def _experiment(args) -> int:
         from plasticlm.config import load_config
         from plasticlm.scol.calibrate import SweepConfig, run_sweep
 
-        report = run_sweep(cfg, load_config(SweepConfig, None, args.sweep), out,
-                           progress=progress)
+        grid = load_config(SweepConfig, None, args.sweep)
+        report = run_sweep(cfg, grid, out, progress=progress)
         print((Path(out) / "sweep.md").read_text())
     elif args.which == "gate":
         from plasticlm.scol.calibrate import oracle_gate

@@ -9,47 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.processes import (
+    APP_DIR,
+    end_tree,
+    flower_bin,
+    flower_env,
+    free_ports,
+    spawn,
+    wait_port,
+)
 from plasticlm.runs import THREADS_ENV
 from plasticlm.tls import make_certificates
-
-APP_DIR = Path(__file__).parent / "flower_app"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait_port(port: int, seconds: float) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise PlasticError(f"the SuperLink did not open port {port} within {seconds:.0f}s")
-
-
-def _bin(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    if not path.exists():
-        raise PlasticError(f"{name} is not installed next to {sys.executable}; install "
-                           "flwr[simulation]==1.42.0 (make test does)")
-    return str(path)
 
 
 def make_node_key(out: str | Path) -> tuple[Path, Path]:
@@ -90,20 +64,14 @@ class LocalFederation:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes, self.tls, self.auth = nodes, tls, auth
         self.procs: list[subprocess.Popen] = []
-        self.env = dict(os.environ, FLWR_HOME=str(self.workdir / "flwr_home"),
-                        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", PYTHONUNBUFFERED="1",
-                        # the processes share this machine's cores: one torch thread each
-                        **{THREADS_ENV: "1"},
-                        # the SuperLink starts flower-superexec from PATH
-                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        # the processes share this machine's cores: one torch thread each
+        self.env = flower_env(self.workdir / "flwr_home", **{THREADS_ENV: "1"})
 
     def _spawn(self, args: list[str], log: str) -> None:
-        out = (self.workdir / log).open("w")
-        self.procs.append(subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        self.procs.append(spawn(args, self.env, self.workdir / log, new_session=True))
 
     def __enter__(self) -> LocalFederation:
-        link, *node_ports = _free_ports(1 + self.nodes)
+        link, *node_ports = free_ports(1 + self.nodes)
         self.link = link
         if self.tls:
             certs = make_certificates(self.workdir / "certs")
@@ -119,10 +87,10 @@ class LocalFederation:
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "127.0.0.1:{link}"\n{conn}\n')
         self.node_sec = node_sec
-        self._spawn([_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port",
+        self._spawn([flower_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port",
                      str(link), "--disable-runtime-dependency-installation",
                      *(["--enable-supernode-auth"] if self.auth else [])], "superlink.log")
-        _wait_port(link, 60)
+        wait_port(link, 60, self.procs[-1], self.workdir / "superlink.log")
         for i, port in enumerate(node_ports):
             key = []
             if self.auth:
@@ -134,7 +102,7 @@ class LocalFederation:
 
     def register(self, public_key: Path) -> None:
         """``flwr supernode register`` a node's public key with the SuperLink."""
-        done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), "local"],
+        done = subprocess.run([flower_bin("flwr"), "supernode", "register", str(public_key), "local"],
                               env=self.env, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise PlasticError(f"flwr supernode register {public_key} failed: "
@@ -143,7 +111,7 @@ class LocalFederation:
     def start_node(self, index: int, port: int, extra: list[str] = (),
                    log: str | None = None) -> subprocess.Popen:
         """Start a SuperNode for partition ``index`` on ``port`` (``extra``: more flags)."""
-        self._spawn([_bin("flower-supernode"), *self.node_sec, "--superlink",
+        self._spawn([flower_bin("flower-supernode"), *self.node_sec, "--superlink",
                      f"127.0.0.1:{self.link}", "--node-config",
                      f"partition-id={index} num-partitions={self.nodes}", "--host", "127.0.0.1",
                      "--port", str(port), *extra], log or f"supernode{index}.log")
@@ -151,28 +119,18 @@ class LocalFederation:
 
     def registered_nodes(self) -> list[dict]:
         """The SuperLink's nodes (``flwr supernode list``): id and status of each."""
-        done = subprocess.run([_bin("flwr"), "supernode", "list", "local", "--format", "json"],
+        done = subprocess.run([flower_bin("flwr"), "supernode", "list", "local", "--format", "json"],
                               env=self.env, capture_output=True, text=True, timeout=60)
         return json.loads(done.stdout).get("nodes", []) if done.returncode == 0 else []
 
     def run(self, run_config: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
         """``flwr run`` the plasticlm app with ``run_config`` and wait for it to finish."""
         rc = " ".join(f'{k}="{v}"' for k, v in run_config.items())
-        args = [_bin("flwr"), "run", str(APP_DIR), "local", "--stream", "--run-config", rc]
+        args = [flower_bin("flwr"), "run", str(APP_DIR), "local", "--stream", "--run-config", rc]
         done = subprocess.run(args, env=self.env, capture_output=True, text=True,
                               timeout=timeout)
         (self.workdir / "flwr_run.log").write_text(done.stdout + done.stderr)
         return done
 
     def __exit__(self, *exc) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        end_tree(self.procs, grace=10.0)

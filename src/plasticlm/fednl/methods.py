@@ -27,6 +27,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
+from plasticlm.config import require_positive
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.objective import LocalObjective, answer_loss
 from plasticlm.fednl.theta import layer_of, set_theta, trainable
@@ -71,6 +72,10 @@ class MethodConfig:
     si_c: float = 0.1             # FedSSI penalty strength
     si_xi: float = 1e-3           # SI damping
     si_mix: float = 0.5           # FedSSI surrogate anchor = mix * local + (1 - mix) * global
+
+    def __post_init__(self):
+        require_positive(self, "lr", "full_lr", "gate_lr", "local_steps", "batch_size",
+                         "lora_rank", "lora_alpha")
 
 
 def check_method(name: str) -> None:

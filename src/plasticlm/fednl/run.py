@@ -1,4 +1,6 @@
-"""Run a federated experiment on Flower's simulation runtime, with resume, report and plots."""
+"""Run a federated experiment on Flower's simulation runtime, as Flower runs it (a SuperLink
+in simulation mode, the plasticlm app submitted with ``flwr run``), with resume, progress,
+report and plots."""
 
 from __future__ import annotations
 
@@ -7,52 +9,44 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import threading
+import time
 from pathlib import Path
 
-import ray
 import torch
-from flwr.simulation import run_simulation
-from ray._private import state as ray_state  # the actor table; ray is pinned by flwr
 
 from plasticlm.errors import PlasticError, Stopped
 from plasticlm.fednl.checkpoint import Checkpointer
-from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import METHODS, check_method, gate_check
 from plasticlm.fednl.report import plot_run, summarise
-from plasticlm.fednl.server_app import StopRequest, make_server_app
-from plasticlm.fednl.setup import build_model, initial_theta, tasks_for
+from plasticlm.fednl.server_app import DONE_FILE, ERROR_FILE, StopRequest, progress_line
+from plasticlm.fednl.setup import build_model, tasks_for
+from plasticlm.fednl.simulation import end_shared_link, running_link, shared_link
 from plasticlm.fednl.theta import set_theta
+from plasticlm.models import check_model_source
 from plasticlm.runs import (
     DEVICE_ENV,
+    DTYPE_ENV,
     THREADS_ENV,
     dtype_name,
-    environment,
     load_tensors,
     pick_device,
     pick_dtype,
 )
+from plasticlm.sandbox import resolve_model_spec
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
 # one torch thread: the clients share the machine's cores.
 CLIENT_CPUS = 1
 log = logging.getLogger("plasticlm.fednl")
-# How long a stop waits for the server to finish a round it is committing.
-STOP_WAIT_SECONDS = 30.0
-
-
-def _quiet_flower() -> None:
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    for name in ("flwr", "ray"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+# How long a stop waits for the server to leave (it finishes a round it is committing).
+STOP_WAIT_SECONDS = 10.0
+POLL_SECONDS = 0.25
 
 
 class Signalled(KeyboardInterrupt):
-    """SIGINT or SIGTERM, raised in the main thread when Flower does not hold it."""
+    """SIGINT or SIGTERM, raised in the main thread while it waits for the run."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -60,21 +54,17 @@ class Signalled(KeyboardInterrupt):
 
 
 class _OnSignal:
-    """SIGINT and SIGTERM stop the run; a second signal ends the process without waiting
-    (the checkpoint's writes are atomic).
-
-    While Flower runs the simulation, the main thread is left alone: unwinding it would shut
-    Ray down under a client's pending result, a wait that never ends. Instead the clients'
-    processes are ended (their pending results fail at once), the server leaves at its next
-    poll for replies, and Flower winds down by itself. ``ray.init`` puts its own SIGTERM
-    handler in (an immediate exit): :meth:`install` again after it.
-    """
+    """SIGINT and SIGTERM stop the run: the server is asked to stop (its stop file) and
+    :class:`Signalled` unwinds the wait for it; a second signal ends every process of the run
+    and this one at once (the checkpoint's writes are atomic)."""
 
     def __init__(self, stop: StopRequest):
-        self.stop, self.previous, self.in_flower = stop, {}, False
+        self.stop, self.previous, self.signum = stop, {}, 0
 
     def __enter__(self) -> _OnSignal:
-        self.install()
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self.previous[s] = signal.signal(s, self.handler)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -82,61 +72,37 @@ class _OnSignal:
             signal.signal(s, h)
         self.previous = {}
 
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self.previous.setdefault(s, signal.signal(s, self.handler))
-
     def handler(self, signum, frame) -> None:
-        if self.stop.is_set():
+        if self.signum:
+            end_shared_link()
             os._exit(128 + signum)
+        self.signum = signum
         self.stop.set(signum)
-        # the clients' errors from here on are the stop's own doing, not news
-        for name in ("flwr", "ray"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-        if not self.in_flower:
-            raise Signalled(signum)
-        _end_clients()
+        raise Signalled(signum)
 
 
-def _end_clients() -> None:
-    """Kill the simulation's client processes (Ray actors); their pending results fail."""
-    try:
-        actors = ray_state.actors().values()
-    except Exception as e:  # noqa: BLE001 - the stop goes on; the clients finish their job
-        log.warning("could not list the clients to stop them: %s", e)
-        return
-    for actor in actors:
-        if actor.get("State") == "ALIVE" and actor.get("Pid"):
+def _stopped(cfg: FedNLConfig, run_dir: Path, signum: int, proc) -> Stopped:
+    """End the clients, give the server a few seconds to leave, end every process of the
+    run, then say where the run stands."""
+    link = running_link()
+    if link is not None:
+        for p in link.client_processes():   # their pending results fail at once
             try:
-                os.kill(int(actor["Pid"]), signal.SIGKILL)
-            except ProcessLookupError:
+                p.kill()
+            except Exception:  # noqa: BLE001 - gone already
                 pass
-
-
-def _start_ray(init_args: dict, on_signal: _OnSignal) -> None:
-    """Ray started here rather than by Flower (which uses a running Ray), so that the run's
-    signal handlers go back in after ``ray.init``. The workers get this process's sys.path,
-    as Flower gives them."""
-    try:
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
-                 **init_args)
-    except SystemExit as e:   # Ray's SIGTERM handler, while Ray was starting
-        if e.code != signal.SIGTERM:
-            raise
-        on_signal.handler(signal.SIGTERM, None)
-    on_signal.install()
-
-
-def _stopped(cfg: FedNLConfig, run_dir: Path, stop: StopRequest) -> Stopped:
-    """Wait for the server to leave (Ray is down by now), then say where the run stands."""
-    if not stop.wait_served(STOP_WAIT_SECONDS):
-        log.warning("the server did not stop within %.0fs", STOP_WAIT_SECONDS)
+    deadline = time.time() + STOP_WAIT_SECONDS
+    while proc is not None and proc.poll() is None and not (run_dir / DONE_FILE).exists():
+        if time.time() > deadline:
+            log.warning("the server did not stop within %.0fs", STOP_WAIT_SECONDS)
+            break
+        time.sleep(0.05)
+    end_shared_link()
     done = Checkpointer(run_dir, cfg).committed_round()
     where = f"after round {done} of {cfg.rounds} (its checkpoint in {run_dir} is intact)" \
         if done else f"before round 1 was committed ({run_dir})"
-    name = signal.Signals(stop.signum).name
-    return Stopped(f"stopped by {name} {where}; rerun with --resume to continue", stop.signum)
+    name = signal.Signals(signum).name
+    return Stopped(f"stopped by {name} {where}; rerun with --resume to continue", signum)
 
 
 def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2) -> Path:
@@ -150,6 +116,12 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     check_method(cfg.method.name)
     if cfg.local_eval not in ("every", "last"):
         raise PlasticError(f"local_eval must be 'every' or 'last', not {cfg.local_eval!r}")
+    # what the server and clients would fail on, refused before anything is written
+    check_model_source(resolve_model_spec(cfg.model))
+    clients = len(tasks_for(cfg))
+    if cfg.min_clients > clients:
+        raise PlasticError(f"config min_clients={cfg.min_clients} is more than the run's "
+                           f"{clients} clients")
     run_dir = Path(cfg.out) / cfg.name
     if run_dir.exists() and not resume:
         if (run_dir / "checkpoint.json").exists():
@@ -167,51 +139,71 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     warning = gate_check(cfg.method, cfg.rounds)
     if warning:
         log.warning(warning)
-    stop = StopRequest()
+    stop = StopRequest(run_dir)
+    stop.clear()
+    proc = None
     try:
-        with _OnSignal(stop) as on_signal:
-            _simulate(cfg, run_dir, stop, on_signal, backend_cpus)
-            if stop.is_set():   # Flower has wound down after a signal
-                raise Signalled(stop.signum)
+        with _OnSignal(stop):
+            proc = _submit(cfg, run_dir, backend_cpus)
+            _follow(cfg, run_dir, proc)
             done = Checkpointer(run_dir, cfg).committed_round()
             if done < cfg.rounds:
-                raise PlasticError(f"the run stopped after round {done} of {cfg.rounds} (see "
-                                   "the log above); continue it with --resume")
+                raise PlasticError(f"the run stopped after round {done} of {cfg.rounds}: "
+                                   f"{_why(run_dir)}; continue it with --resume")
             finish(cfg, run_dir)
-    except Signalled:
-        raise _stopped(cfg, run_dir, stop) from None
+    except Signalled as e:
+        raise _stopped(cfg, run_dir, e.signum, proc) from None
     return run_dir
 
 
-def _simulate(cfg: FedNLConfig, run_dir: Path, stop: StopRequest, on_signal: _OnSignal,
-              backend_cpus: int) -> None:
-    n = len(tasks_for(cfg))  # also makes sure data (and sandbox models) exist before Ray starts
-    initial = initial_theta(cfg)
-    _quiet_flower()
-    # Ray's worker processes inherit the environment: the ClientApp calls set_threads(), and
-    # its models load on the device and in the dtype of runs.runtime (the command's flags).
-    resources = client_resources(pick_device(), backend_cpus)
-    env = {THREADS_ENV: str(CLIENT_CPUS)}
-    if resources["num_gpus"]:  # Ray hands each client its GPU as cuda:0 of its own
-        env[DEVICE_ENV] = "cuda"
+def _submit(cfg: FedNLConfig, run_dir: Path, backend_cpus: int):
+    """Submit the run to this process's simulation SuperLink; the ``flwr run`` process."""
+    n = len(tasks_for(cfg))
+    device = pick_device()
+    resources = client_resources(device, backend_cpus)
     log.info("%s: %d rounds, %d clients on Flower's simulation runtime (%s, %s)", cfg.name,
-             cfg.rounds, n, pick_device(), dtype_name(pick_dtype()))
-    init_args = {"num_cpus": backend_cpus, "include_dashboard": False, "log_to_driver": False,
-                 "logging_level": "ERROR"}
-    with environment(**env):
-        try:
-            _start_ray(init_args, on_signal)
-            on_signal.in_flower = True
-            run_simulation(
-                server_app=make_server_app(cfg, run_dir, initial, stop),
-                client_app=client_app,
-                num_supernodes=n,
-                backend_config={"client_resources": resources, "init_args": init_args},
-            )
-        finally:
-            on_signal.in_flower = False
-            if ray.is_initialized():   # Flower shuts Ray down, unless it failed earlier
-                ray.shutdown()
+             cfg.rounds, n, device, dtype_name(pick_dtype()))
+    # the clients' environment: the thread policy, and the device and dtype of the command's
+    # flags (runs.runtime); Ray hands each client its GPU as cuda:0 of its own
+    env = {THREADS_ENV: str(CLIENT_CPUS),
+           DEVICE_ENV: "cuda" if resources["num_gpus"] else os.environ.get(DEVICE_ENV, ""),
+           DTYPE_ENV: os.environ.get(DTYPE_ENV, "")}
+    federation = {"num-supernodes": n, "client-resources-num-cpus": CLIENT_CPUS,
+                  "client-resources-num-gpus": resources["num_gpus"],
+                  "init-args-num-cpus": backend_cpus,
+                  "init-args-num-gpus": 1 if resources["num_gpus"] else 0,
+                  "init-args-logging-level": "ERROR", "init-args-log-to-driver": False}
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    (run_dir / DONE_FILE).unlink(missing_ok=True)
+    return shared_link(env).submit({"config": str(run_dir / "config.json"),
+                                    "run-dir": str(run_dir)}, federation, run_dir / "flower.log")
+
+
+def _follow(cfg: FedNLConfig, run_dir: Path, proc) -> None:
+    """Wait for the run's server to leave (not for Flower and Ray to wind down), logging each
+    round as it is committed."""
+    ck = Checkpointer(run_dir, cfg)
+    seen = len(ck.records())
+    while True:
+        ended = proc.poll() is not None or (run_dir / DONE_FILE).exists()
+        records = ck.records()
+        for rec in records[seen:]:
+            log.info(progress_line(rec, cfg))
+        seen = max(seen, len(records))
+        if ended:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def _why(run_dir: Path) -> str:
+    """The server's own reason, or the last line of the run's Flower log."""
+    error = run_dir / ERROR_FILE
+    if error.exists():
+        return error.read_text().strip()
+    logfile = run_dir / "flower.log"
+    lines = [x.strip() for x in logfile.read_text(errors="replace").splitlines() if x.strip()] \
+        if logfile.exists() else []
+    return f"{lines[-1][:300] if lines else 'no reason given'} (the whole log: {logfile})"
 
 
 def client_resources(device: torch.device, backend_cpus: int) -> dict[str, float]:

@@ -1,13 +1,12 @@
 """The FedNL ServerApp (Flower Message API): a strategy that aggregates theta and nothing
-else, validates replies, counts the bytes on the wire and checkpoints every round; the
-simulation's and the deployment's (``flwr run``) entry points."""
+else, validates replies, counts the bytes on the wire and checkpoints every round; the entry
+point of ``flwr run``, for the simulation and a deployment alike."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -17,12 +16,14 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from plasticlm.config import load_config
+from plasticlm.errors import PlasticError
 from plasticlm.fednl.aggregate import reply_problem
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.messages import pack_theta, unpack_theta
+from plasticlm.fednl.messages import arrays_problem, pack_theta, unpack_theta
 from plasticlm.fednl.robust import robust_aggregate
 from plasticlm.fednl.setup import initial_theta, tasks_for
+from plasticlm.runs import write_text_atomic
 
 log = logging.getLogger("plasticlm.fednl")
 
@@ -35,28 +36,39 @@ class RunStopped(Exception):
     """The run was asked to stop (a signal); the rounds committed so far stay."""
 
 
+# A run is asked to stop by a file in its folder: the simulation's server runs in another
+# process, and a deployed run's folder is where its operator looks.
+STOP_FILE = "stop-requested"
+# Why the server gave up, in one line, for the process that submitted the run.
+ERROR_FILE = "server-error.txt"
+# Written when the server leaves, whatever the reason: the run folder is final from then on
+# (Flower's processes may still be winding down).
+DONE_FILE = "server-done"
+
+
 class StopRequest:
-    """A stop asked of a simulated run, from a signal handler: the server gives up at its
-    next poll for replies, and :meth:`wait_served` returns once it has. The server holds
-    ``serving`` while it runs, so a round being committed is finished before the wait ends."""
+    """A stop asked of a run (``touch RUN_DIR/stop-requested``): the server gives up at its
+    next poll for nodes or replies. It looks only while it waits, so a round being committed is
+    finished first. The file holds the number of the signal that asked, if one did."""
 
-    def __init__(self):
-        self.signum = 0
-        self.serving = threading.Lock()
-        self._asked = threading.Event()
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / STOP_FILE
 
-    def set(self, signum: int) -> None:
-        self.signum = signum
-        self._asked.set()
+    def set(self, signum: int = 0) -> None:
+        write_text_atomic(self.path, f"{signum}\n")
 
     def is_set(self) -> bool:
-        return self._asked.is_set()
+        return self.path.exists()
 
-    def wait_served(self, seconds: float) -> bool:
-        if not self.serving.acquire(timeout=seconds):
-            return False
-        self.serving.release()
-        return True
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @property
+    def signum(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
 
 
 class StoppableGrid:
@@ -164,6 +176,15 @@ class ThetaAverage(FedAvg):
         return f"reply of {size} bytes, more than the {self.max_reply_bytes} theta can take" \
             if size > self.max_reply_bytes else None
 
+    def _theta_problem(self, m: Message) -> str | None:
+        """Bytes that are not the arrays their headers announce (never unpickled), or the
+        values of theta (non-finite)."""
+        try:
+            theta = unpack_theta(m.content["arrays"])
+        except (ValueError, TypeError, RuntimeError, EOFError, OSError) as e:
+            return f"arrays could not be read: {' '.join(str(e).split())[:200]}"
+        return reply_problem(theta, self.reference)
+
     def _valid(self, replies, want_arrays: bool) -> list[Message]:
         ok, seen = [], set()
         for m in replies:
@@ -176,9 +197,9 @@ class ThetaAverage(FedAvg):
             else:
                 problem = self._metrics_problem(m, want_arrays, seen)
                 if problem is None and want_arrays:
-                    problem = self._size_problem(m)
-                if problem is None and want_arrays:
-                    problem = reply_problem(unpack_theta(m.content["arrays"]), self.reference)
+                    problem = self._size_problem(m) or \
+                        arrays_problem(m.content["arrays"], self.reference) or \
+                        self._theta_problem(m)
             if problem is None:
                 seen.add(int(m.content["metrics"]["partition-id"]))
             if problem:
@@ -289,31 +310,12 @@ def _wait_for_nodes(grid: Grid, wanted: int, minimum: int, seconds: float = 120.
         time.sleep(0.5)
     have = len(list(grid.get_node_ids()))
     if have < minimum:
-        raise RoundFailed(f"only {have} client node(s) connected after {seconds:.0f}s; "
+        raise RoundFailed(f"only {have} client node(s) connected within {seconds:.0f}s; "
                           f"the run needs at least min_clients={minimum}")
 
 
-def make_server_app(cfg: FedNLConfig, run_dir: str | Path, initial: dict[str, torch.Tensor],
-                    stop: StopRequest | None = None) -> ServerApp:
-    """A ServerApp bound to one run (the simulation runtime's way in); ``stop`` ends it
-    between polls for replies, keeping the rounds committed so far."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        if stop is None:
-            server_main(grid, cfg, run_dir, initial)
-            return
-        with stop.serving:
-            try:
-                server_main(StoppableGrid(grid, stop), cfg, run_dir, initial)
-            except RunStopped as e:
-                log.info("server stopped: %s", e)
-
-    return app
-
-
-# The deployment entry point (`flwr run`): the run config names a config file and a folder.
+# The entry point of `flwr run` (the simulation's and a deployment's): the run config names a
+# config file, overrides and the run folder.
 server_app = ServerApp()
 
 
@@ -324,5 +326,17 @@ def deployed_main(grid: Grid, context: Context) -> None:
     cfg = load_config(FedNLConfig, rc.get("config") or None, overrides)
     run_dir = Path(str(rc.get("run-dir") or Path(cfg.out) / cfg.name))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
-    server_main(grid, cfg, run_dir, initial_theta(cfg))
+    write_text_atomic(run_dir / "config.json", json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    (run_dir / DONE_FILE).unlink(missing_ok=True)
+    stop = StopRequest(run_dir)
+    try:
+        server_main(StoppableGrid(grid, stop), cfg, run_dir, initial_theta(cfg))
+    except RunStopped as e:
+        log.info("server stopped: %s", e)
+    except Exception as e:
+        why = str(e) if isinstance(e, (PlasticError, RoundFailed)) else f"{type(e).__name__}: {e}"
+        write_text_atomic(run_dir / ERROR_FILE, " ".join(why.split())[:2000] + "\n")
+        raise
+    finally:
+        write_text_atomic(run_dir / DONE_FILE, f"{time.time()}\n")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from plasticlm.config import require_positive
 from plasticlm.errors import PlasticError
 from plasticlm.memory.adapter import attach_memory
 from plasticlm.models import build_tiny
@@ -24,16 +25,22 @@ from plasticlm.runs import seed_everything, set_threads
 IGNORE = -100
 
 
-def mqar_batch(batch: int, seq_len: int, num_kv: int, vocab_size: int,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids [B,T], labels [B,T]) with labels = IGNORE except at re-queried keys."""
+def check_mqar_sizes(vocab_size: int, seq_len: int, num_kv: int) -> None:
+    """Refuse sizes no MQAR sample fits: too few keys or values, or too few query slots."""
     half = vocab_size // 2
     if num_kv > half - 1 or num_kv > vocab_size - half:
         raise PlasticError(f"vocab_size={vocab_size} has too few keys/values for num_kv={num_kv}")
-    rest = seq_len - 2 * num_kv
-    slots = rest // 2
+    slots = (seq_len - 2 * num_kv) // 2
     if slots < num_kv:
-        raise PlasticError(f"seq_len={seq_len} leaves room for {slots} queries, fewer than num_kv={num_kv}")
+        raise PlasticError(f"seq_len={seq_len} leaves room for {slots} queries, fewer than "
+                           f"num_kv={num_kv}")
+
+
+def mqar_batch(batch: int, seq_len: int, num_kv: int, vocab_size: int,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [B,T], labels [B,T]) with labels = IGNORE except at re-queried keys."""
+    check_mqar_sizes(vocab_size, seq_len, num_kv)
+    half, slots = vocab_size // 2, (seq_len - 2 * num_kv) // 2
     gen = generator
     keys = torch.stack([torch.randperm(half - 1, generator=gen)[:num_kv] + 1 for _ in range(batch)])
     values = torch.stack([torch.randperm(vocab_size - half, generator=gen)[:num_kv] + half
@@ -80,6 +87,16 @@ class MQARConfig:
     seed: int = 0
     threads: int = 1
     recurrent: bool = True      # False: the memory with its recurrence removed (a control)
+
+    def __post_init__(self):
+        require_positive(self, "steps", "batch", "lr", "seq_len", "num_kv", "window", "vocab",
+                         "hidden", "heads", "rank", "eval_every", "test_examples", "threads")
+        if self.conv < 0:
+            raise PlasticError(f"conv must be >= 0, not {self.conv}")
+        if self.hidden % self.heads:
+            raise PlasticError(f"hidden={self.hidden} is not a multiple of heads={self.heads}")
+        for seq_len, num_kv in self.test_settings():   # every test split can be drawn
+            check_mqar_sizes(self.vocab, seq_len, num_kv)
 
     def test_settings(self) -> list[tuple[int, int]]:
         """(seq_len, num_kv) evaluated after training: as trained, twice the pairs, 4x longer."""

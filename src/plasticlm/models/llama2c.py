@@ -28,8 +28,8 @@ SPACE = "\u2581"  # sentencepiece's visible space, as Hugging Face Llama tokeniz
 
 
 def _read_header(path: Path) -> tuple[int, ...]:
-    if not path.exists():
-        raise PlasticError(f"llama2.c model file {path} does not exist")
+    if not path.is_file():
+        raise PlasticError(f"llama2.c model file {path} does not exist or is not a file")
     with path.open("rb") as f:
         raw = f.read(HEADER.size)
     if len(raw) < HEADER.size:
@@ -119,8 +119,8 @@ def load_llama2c_model(model_bin: str | Path):
 def read_llama2c_vocab(tokenizer_bin: str | Path, vocab_size: int) -> tuple[list[str], list[float]]:
     """Tokens (as text, bytes decoded leniently) and scores from a llama2.c tokenizer file."""
     path = Path(tokenizer_bin)
-    if not path.exists():
-        raise PlasticError(f"llama2.c tokenizer file {path} does not exist")
+    if not path.is_file():
+        raise PlasticError(f"llama2.c tokenizer file {path} does not exist or is not a file")
     raw = path.read_bytes()
     pos, tokens, scores = 4, [], []
     try:

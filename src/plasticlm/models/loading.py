@@ -16,6 +16,23 @@ from plasticlm.runs import pick_device, pick_dtype
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
+def check_model_source(name_or_path: str | Path) -> None:
+    """Refuse, before any work, a model that is neither a Hugging Face model folder nor a hub
+    id (``org/name``): a missing path, or a folder without config.json."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise PlasticError(
+                f"{path} exists but holds no config.json: it is not a Hugging Face model folder "
+                "(save one with model.save_pretrained(dir), or import llama2.c weights with "
+                "`plasticlm models import-llama2c`)")
+        return
+    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") != 1:
+        raise PlasticError(f"model folder {text} does not exist (and it is not a hub id "
+                           "such as Qwen/Qwen2.5-0.5B)")
+
+
 def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     """Load ``(model, tokenizer)`` for a causal LM from a local folder or a hub id.
 
@@ -30,12 +47,8 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     torch_dtype, device = pick_dtype(dtype), pick_device(device)
     path = Path(name_or_path).expanduser()
     is_local = path.exists()
-    if is_local and not (path / "config.json").exists():
-        raise PlasticError(
-            f"{path} exists but holds no config.json: it is not a Hugging Face model folder "
-            "(save one with model.save_pretrained(dir), or import llama2.c weights with "
-            "`plasticlm models import-llama2c`)"
-        )
+    if is_local:
+        check_model_source(path)
     source = str(path) if is_local else str(name_or_path)
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     try:

@@ -28,6 +28,15 @@ def tiny_config(
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
     if arch not in classes:
         raise PlasticError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHS)}")
+    sizes = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                 num_heads=num_heads, num_kv_heads=num_kv_heads or num_heads,
+                 head_dim=head_dim or 1, intermediate_size=intermediate_size or 1)
+    bad = {k: v for k, v in sizes.items() if not (isinstance(v, int) and v >= 1)}
+    if bad:
+        raise PlasticError(f"model sizes must be whole numbers >= 1, not {bad}")
+    if head_dim is None and hidden_size % num_heads:
+        raise PlasticError(f"hidden_size={hidden_size} is not a multiple of num_heads={num_heads} "
+                           "(or give head_dim)")
     num_kv_heads = num_kv_heads or num_heads
     if num_heads % num_kv_heads:
         raise PlasticError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import hmac
 import logging
+import socket
+import ssl
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
 import torch
@@ -274,12 +277,39 @@ def registry_app(folder: str, config: ServiceConfig | None = None) -> FastAPI:
     return app
 
 
+def check_url(url: str, what: str) -> None:
+    """An http(s) URL with a host, or one line saying what was given."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PlasticError(f"{what} {url!r} is not an http:// or https:// URL with a host")
+
+
+def check_listen(host: str, port: int, tls_cert: str = "", tls_key: str = "") -> None:
+    """Refuse, in one line and before anything is loaded, what would stop a service from
+    starting: a port out of range or taken, a TLS pair that is incomplete or unreadable."""
+    if not 1 <= port <= 65535:
+        raise PlasticError(f"--port must be in 1..65535, not {port}")
+    if bool(tls_cert) != bool(tls_key):
+        raise PlasticError("TLS needs both --tls-cert and --tls-key")
+    if tls_cert:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise PlasticError(f"could not load the TLS certificate {tls_cert} and key {tls_key}: "
+                               f"{e}") from None
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise PlasticError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def serve(app: FastAPI, host: str, port: int, tls_cert: str = "", tls_key: str = "") -> None:
     """Run ``app`` on uvicorn until interrupted."""
     import uvicorn
 
-    if bool(tls_cert) != bool(tls_key):
-        raise PlasticError("TLS needs both --tls-cert and --tls-key")
+    check_listen(host, port, tls_cert, tls_key)
     # A kept-alive client connection must not hold a stopping service for ever.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
                 ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None)
