@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from plasticlm.config import from_dict, require_positive
+from plasticlm.errors import PlasticError
 from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.robust import AggregationConfig
 
@@ -40,6 +41,11 @@ class FedNLConfig:
     def __post_init__(self):
         require_positive(self, "rounds", "max_train", "max_test", "min_clients", "num_clients",
                          "round_timeout", "niah_length")
+        # the run folder is out/name: an empty name would make it `out` itself
+        if not isinstance(self.name, str) or self.name.strip(". ") == "" or \
+                any(c in self.name for c in "/\\"):
+            raise PlasticError(f"config name {self.name!r} must be a folder name: not empty, "
+                               "no '/'")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -127,6 +127,9 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
         if (run_dir / "checkpoint.json").exists():
             raise PlasticError(f"{run_dir} holds an earlier run; pass --resume to continue it, "
                                "or choose another --set name=...")
+        if any(run_dir.iterdir()) and not (run_dir / "config.json").exists():
+            raise PlasticError(f"{run_dir} exists and is not a run folder; nothing was removed: "
+                               "choose another --set name=... or out=...")
         shutil.rmtree(run_dir)
     if resume and (run_dir / "config.json").exists():
         saved = FedNLConfig.from_json(json.dumps(json.loads((run_dir / "config.json").read_text())))
