@@ -20,7 +20,9 @@ scored by 4-way choice by log-likelihood (chance 25%):
 ``--ablation`` trains the memory variant once per change of one design choice instead
 (the ablation that locates what the memory needs): LoRA on the memory's q/k/v only vs
 shared with the attention, gate opened (logit 0) vs the old -3, per-head vs input-dependent
-gate, beta learned vs fixed at 0.5, the short convolution on vs off, decay off vs on.
+gate, beta learned vs fixed at 0.5, the short convolution on vs off, decay off vs on, the
+convex vs the additive mix (with and without an RMS-normalised memory read); ``--only``
+runs some of these rows.
 
 Seeds change theta's initialisation and the batch order; intervals are entity-clustered
 bootstrap intervals pooled over seeds (`plasticlm.eval.pooled_bootstrap_ci`), and the
@@ -53,6 +55,8 @@ ABLATION = {
     "beta fixed at 0.5": {},
     "no short convolution": dict(conv_size=0),
     "decay (gated delta rule)": dict(decay=True),
+    "additive mix (attn + alpha * mem)": dict(mix="additive"),
+    "additive mix, normalised memory read": dict(mix="additive", memory_norm=True),
     "memory, recurrence removed": dict(recurrent=False),
 }
 
@@ -156,6 +160,8 @@ def main(argv=None) -> int:
                     "and question")
     ap.add_argument("--ablation", action="store_true", help="memory variants, one design "
                     "choice changed at a time (beside window + LoRA)")
+    ap.add_argument("--only", default="", help="with --ablation: rows to run, separated by ; "
+                    "(window + LoRA, the reference, always runs)")
     ap.add_argument("--max-test", type=int, default=400)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default bench/results/"
@@ -164,6 +170,12 @@ def main(argv=None) -> int:
     suffix = "_ablation" if args.ablation else ""
     args.out = args.out or str(RESULTS / f"fednl_beyond_window_{args.task}{suffix}.json")
     variants = ("window + LoRA", *ABLATION) if args.ablation else VARIANTS
+    if args.only:
+        wanted = {x.strip() for x in args.only.split(";")}
+        unknown = wanted - set(ABLATION)
+        if unknown or not args.ablation:
+            ap.error(f"--only needs --ablation and rows of {sorted(ABLATION)}; got {sorted(unknown)}")
+        variants = ("window + LoRA", *[v for v in ABLATION if v in wanted])
 
     from plasticlm.eval import closed_set_accuracy, format_ci, pooled_bootstrap_ci
     from plasticlm.models import load_causal_lm

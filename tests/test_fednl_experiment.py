@@ -201,6 +201,8 @@ def test_stream_memory_and_comm_experiments(quick_experiment):
     assert {"fednl", "fedavg LoRA, window"} <= set(stream["variants"])
     for r in stream["variants"].values():
         assert r["normalised_ce"][0]["mean"] == pytest.approx(1.0)
+        assert "questions" not in r  # the quick world's streams are too short to ask any
+    assert "in-stream questions" in stream["table"]
     memory = run_experiment(quick_experiment("memory"), progress=False)
     small, large = memory["rows"]
     assert large["kv_bytes"] == pytest.approx(2 * small["kv_bytes"], rel=0.01)
@@ -212,6 +214,66 @@ def test_stream_memory_and_comm_experiments(quick_experiment):
     full = next(v for k, v in b.items() if k.startswith("fedavg-full"))
     assert abs(same_bytes - nl) <= nl / comm["rank_for_equal_bytes"] / 2 + 1
     assert full > 5 * nl
+
+
+def test_in_stream_questions_are_scored_from_the_stream_state():
+    """Each choice is scored where the question stands, after everything before it and
+    nothing else: equal to the parallel windowed forward over the stream's text up to the
+    question plus that choice (the state is restored between choices; the answered line then
+    joins the stream)."""
+    from plasticlm.eval import qa_continuation, qa_line, qa_prompt
+    from plasticlm.fednl.streaming import stream_questions
+    from plasticlm.memory import attach_memory, meta_parameters
+    from plasticlm.models import train_bpe_tokenizer
+    from plasticlm.sandbox.tasks import StreamSegment
+
+    texts = ["Velazole is a drug that acts on the liver.", "Ofloxin acts on the heart.",
+             "Corvell was written in Kestmark."]
+    tok = train_bpe_tokenizer(texts * 20, vocab_size=300)
+    model = attach_memory(build_tiny("qwen3", vocab_size=len(tok), hidden_size=32,
+                                     num_layers=2, num_heads=2, num_kv_heads=1, seed=3),
+                          layers="all", window=4, rank=4)
+    with torch.no_grad():  # a nonzero memory LoRA, so the memory carries something
+        for name, p in meta_parameters(model).items():
+            if ".B" in name:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.3)
+    question = ("Which organ does Velazole act on?", "liver", ("heart", "liver", "lungs"))
+    segments = [StreamSegment("text", texts[0]), StreamSegment("text", texts[1]),
+                StreamSegment("question", question[0], answer=question[1],
+                              choices=question[2]),
+                StreamSegment("text", texts[2]),
+                StreamSegment("question", question[0], answer=question[1],
+                              choices=question[2])]
+    asked = stream_questions(model, tok, segments, chunk_tokens=5)
+    prefixes = ["\n".join(texts[:2]) + "\n" + qa_prompt(question[0]),
+                "\n".join([*texts[:2], qa_line(question[0], question[1]), texts[2]]) + "\n"
+                + qa_prompt(question[0])]
+    for q, prefix in zip(asked, prefixes):
+        for choice, score in zip(question[2], q["scores"]):
+            ctx = [tok.bos_token_id, *tok(prefix, add_special_tokens=False)["input_ids"]]
+            cont = tok(qa_continuation(choice), add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ctx + cont])).logits[0], -1)
+            want = sum(logp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont))
+            assert score == pytest.approx(want, abs=1e-3)
+        assert q["correct"] == float(max(range(3), key=q["scores"].__getitem__) == 1)
+    assert asked[1]["tokens"] > asked[0]["tokens"]
+
+
+def test_in_stream_summary_splits_each_stream_at_its_middle():
+    from plasticlm.fednl.streaming import _question_summary
+
+    def q(tokens, correct):
+        return {"tokens": tokens, "correct": correct}
+
+    # a stream's middle is half its last question's position: seed 0 answers 0/2 in the
+    # first halves (10 of 40, 4 of 8) and 3/3 in the second; seed 1 1/2 and 1/2
+    asked = [[[q(10, 0.0), q(30, 1.0), q(40, 1.0)], [q(4, 0.0), q(8, 1.0)]],
+             [[q(10, 1.0), q(40, 0.0)], [q(2, 0.0), q(8, 1.0)]]]
+    summary = _question_summary(asked)
+    assert summary["questions"]["mean"] == pytest.approx(5 / 9)
+    assert summary["late_minus_early"]["mean"] == pytest.approx((1.0 + 0.0) / 2)
+    assert _question_summary([[[]], [[q(1, 1.0)]]]) == {}
 
 
 def test_rows_pick_variants_and_old_results_still_match(tmp_path):

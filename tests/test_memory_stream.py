@@ -108,3 +108,40 @@ def test_stream_errors():
         MemoryStream(build_tiny("llama", **SIZES))
     with pytest.raises(PlasticError, match="feed"):
         MemoryStream(model).generate(2)
+
+
+def test_feeding_with_grad_reaches_earlier_chunks_until_detached():
+    """``feed(grad=True)`` records the forward through the carried state: a loss on the second
+    chunk has a gradient with respect to the first chunk's hidden states (through the memory
+    and the window cache); after ``detach()`` it has none, and the state keeps its values."""
+    model = memory_model("qwen3")
+    emb = model.get_input_embeddings()
+    emb.weight.requires_grad_(True)  # frozen by attach_memory; here it marks each chunk's path
+    seen = []
+
+    def keep(module, inputs, out):
+        out.retain_grad()
+        seen.append(out)
+
+    hook = emb.register_forward_hook(keep)
+    x = tokens(24, b=1)
+
+    def grad_into_first_chunk(cut: bool) -> float:
+        seen.clear()
+        stream = MemoryStream(model, chunk_tokens=12)
+        stream.feed(x[:, :12], grad=True)
+        if cut:
+            before = {k: v.clone() for k, v in stream.state_dict().items()}
+            stream.detach()
+            assert all(torch.equal(before[k], v) for k, v in stream.state_dict().items())
+        stream.feed(x[:, 12:], grad=True)[:, -1].sum().backward()
+        first = seen[0].grad
+        return 0.0 if first is None else first.abs().sum().item()
+
+    try:
+        assert grad_into_first_chunk(cut=False) > 1e-6
+        assert grad_into_first_chunk(cut=True) == 0.0
+    finally:
+        hook.remove()
+        emb.weight.requires_grad_(False)
+    assert not MemoryStream(model, chunk_tokens=12).feed(x).requires_grad

@@ -148,3 +148,24 @@ def test_log_level_sets_the_one_handler(capsys):
         assert "hidden" not in err and "shown" in err
     finally:
         logging.getLogger("plasticlm").setLevel(logging.WARNING)
+
+
+def test_a_new_run_removes_only_an_earlier_run_folder(tmp_path, capsys):
+    """A run's output folder is replaced only when it is empty or an earlier run's (it holds
+    config.json): ``demo --out`` pointed at a user's folder exits 2 and removes nothing."""
+    from plasticlm.runs import clear_run_folder
+
+    earlier, empty, theirs = tmp_path / "earlier", tmp_path / "empty", tmp_path / "theirs"
+    for folder in (earlier, empty, theirs):
+        folder.mkdir()
+    (earlier / "config.json").write_text("{}")
+    (theirs / "thesis.tex").write_text("years of work")
+    clear_run_folder(earlier, "")
+    clear_run_folder(empty, "")
+    clear_run_folder(tmp_path / "absent", "")
+    assert not earlier.exists() and not empty.exists()
+    with pytest.raises(PlasticError, match="not a run folder; nothing was removed"):
+        clear_run_folder(theirs, "")
+    assert main(["demo", "--quick", "--out", str(theirs)]) == 2
+    assert (theirs / "thesis.tex").read_text() == "years of work"
+    assert "give the demo another --out" in capsys.readouterr().err

@@ -216,6 +216,19 @@ def atomic_folder(folder: str | Path) -> Iterator[Path]:
     tmp.rename(folder)
 
 
+def clear_run_folder(folder: str | Path, hint: str) -> None:
+    """Remove ``folder`` for a new run, but only an earlier run's (it holds ``config.json``)
+    or an empty one: a mistyped output path must never delete a user's folder. Otherwise
+    raises :class:`PlasticError` ending with ``hint`` (what to pass instead)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    if folder.is_dir() and ((folder / "config.json").is_file() or not any(folder.iterdir())):
+        shutil.rmtree(folder)
+        return
+    raise PlasticError(f"{folder} exists and is not a run folder; nothing was removed: {hint}")
+
+
 class RunDir:
     """A run folder: ``config.json``, ``metrics.jsonl`` and plots, under ``runs/<name>``.
 

@@ -145,11 +145,10 @@ def _scol(run, preset: str, quick: bool) -> None:
 
 def run_demo(args) -> int:
     import resource
-    import shutil
     import time
 
     from plasticlm.run_report import write_report
-    from plasticlm.runs import RunDir, seed_everything
+    from plasticlm.runs import RunDir, clear_run_folder, seed_everything
 
     def cpu() -> float:
         return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
@@ -157,7 +156,7 @@ def run_demo(args) -> int:
 
     start, cpu0 = time.time(), cpu()
     seed_everything(0)
-    shutil.rmtree(args.out, ignore_errors=True)
+    clear_run_folder(args.out, "give the demo another --out")
     run = RunDir.create("", {"quick": args.quick}, root=args.out)
     preset = "quick" if args.quick else "sandbox"
     _stories260k(run)

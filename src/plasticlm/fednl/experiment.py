@@ -10,8 +10,9 @@ bootstrap intervals pooled over seeds and differences are paired on the same ite
 - ``niah``: seven NIAH clients (one task each), needle far beyond a W-token window.
 - ``openbook``: five domain clients; an unseen entity's passage, filler, then a question
   beyond the window; test items are about entities the client never trained on.
-- ``stream``: the openbook runs' thetas read each domain's client stream (2-4K tokens, one
-  memory, never reset): cross-entropy per 256-token bucket, normalised by the first.
+- ``stream``: the openbook (or niah) runs' thetas read each domain's client stream (2-4K
+  tokens, one memory, never reset): cross-entropy per 256-token bucket, normalised by the
+  first, and each in-stream question answered where it is asked (late vs early).
 - ``memory``: bytes the receiver carries after T tokens, memory stream vs full KV cache.
 - ``comm``: bytes per round like for like (equal LoRA rank, equal theta bytes, full model).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from plasticlm.fednl.methods import METHODS, MethodConfig, check_method
-from plasticlm.fednl.objective import answer_loss, param_groups
+from plasticlm.fednl.objective import answer_loss, param_groups, segmented_answer_backward
 from plasticlm.fednl.theta import set_theta, trainable
 
 
@@ -36,16 +36,21 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: M
     for step, (ids, labels) in enumerate(batches):
         if step >= cfg.local_steps:
             break
-        task_loss = answer_loss(model, ids, labels)
-        extra = objective.penalty(params)
-        loss = task_loss if extra is None else task_loss + extra
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        extra = objective.penalty(params)
+        if cfg.segment_tokens and ids.shape[1] > cfg.segment_tokens + 1:
+            task_loss = segmented_answer_backward(model, ids, labels, cfg.segment_tokens)
+            if extra is not None:
+                extra.backward()
+        else:
+            task = answer_loss(model, ids, labels)
+            (task if extra is None else task + extra).backward()
+            task_loss = task.item()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         objective.before_step(params)
         opt.step()
         objective.after_step(params)
-        losses.append(task_loss.item())
+        losses.append(task_loss)
     model.eval()
 
     theta = {n: p.detach().float().clone() for n, p in params.items()}

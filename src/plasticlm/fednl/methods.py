@@ -63,6 +63,9 @@ class MethodConfig:
     memory_decay: bool = False    # fednl: the gated delta rule (the state forgets)
     memory_lora: str = "memory"   # fednl: LoRA on the memory's q/k/v ("memory") or on the
                                   # q/k/v both branches read ("shared")
+    segment_tokens: int = 0       # > 0: truncated BPTT, each training sequence read in
+                                  # segments of this many tokens, the state carried (detached)
+                                  # across them; 0: one parallel forward per sequence
     gate_lr: float = 2e-2         # fednl: lr of the gate logits and beta biases (own group):
                                   # Adam moves a parameter by about lr per step
     prox_mu: float = 0.01         # FedProx
@@ -76,6 +79,10 @@ class MethodConfig:
     def __post_init__(self):
         require_positive(self, "lr", "full_lr", "gate_lr", "local_steps", "batch_size",
                          "lora_rank", "lora_alpha")
+        if self.segment_tokens < 0 or (self.segment_tokens and self.window == 0):
+            raise PlasticError(f"segment_tokens={self.segment_tokens}: segments carry a "
+                               "windowed state, so use a window > 0 and segment_tokens >= 0 "
+                               "(0 = no segments)")
 
 
 def check_method(name: str) -> None:

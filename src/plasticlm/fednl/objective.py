@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plasticlm.memory import MemoryStream
+
 
 def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy on the labelled (answer) positions of ``ids`` [B, T].
@@ -18,6 +20,39 @@ def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> to
     logits = model(input_ids=ids.to(device)).logits
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                            labels[:, 1:].flatten().to(device), ignore_index=-100)
+
+
+def segmented_answer_backward(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor,
+                              segment_tokens: int) -> float:
+    """Truncated BPTT: ``ids`` [B, T] read in segments of ``segment_tokens`` through a
+    :class:`~plasticlm.memory.MemoryStream`, the state (window cache and memory) carried from
+    segment to segment and detached at each boundary; each segment's share of the answer
+    cross-entropy is back-propagated as it is read, so activations are held for one segment
+    only. Accumulates into ``.grad`` the gradient :func:`answer_loss` would give, less the
+    paths that cross a boundary; returns the loss (a float, same normalisation).
+    """
+    device = next(model.parameters()).device
+    ids, labels = ids.to(device), labels.to(device)
+    targets = labels[:, 1:]
+    count = int((targets != -100).sum())
+    if count == 0:
+        raise ValueError("a batch without labelled tokens")
+    stream = MemoryStream(model, chunk_tokens=segment_tokens)
+    total = 0.0
+    for start in range(0, ids.shape[1] - 1, segment_tokens):
+        stop = min(start + segment_tokens, ids.shape[1] - 1)
+        # logits at positions start..stop-1 predict the tokens start+1..stop
+        seg = targets[:, start:stop]
+        scored = bool((seg != -100).any())
+        # a segment with nothing to score only carries the state: no graph to keep
+        logits = stream.feed(ids[:, start:stop], grad=scored)
+        if scored:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), seg.flatten(),
+                                   ignore_index=-100, reduction="sum") / count
+            loss.backward()
+            total += loss.item()
+        stream.detach()
+    return total
 
 
 def is_gate_parameter(name: str) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -29,6 +28,7 @@ from plasticlm.runs import (
     DEVICE_ENV,
     DTYPE_ENV,
     THREADS_ENV,
+    clear_run_folder,
     dtype_name,
     load_tensors,
     pick_device,
@@ -127,10 +127,7 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
         if (run_dir / "checkpoint.json").exists():
             raise PlasticError(f"{run_dir} holds an earlier run; pass --resume to continue it, "
                                "or choose another --set name=...")
-        if any(run_dir.iterdir()) and not (run_dir / "config.json").exists():
-            raise PlasticError(f"{run_dir} exists and is not a run folder; nothing was removed: "
-                               "choose another --set name=... or out=...")
-        shutil.rmtree(run_dir)
+        clear_run_folder(run_dir, "choose another --set name=... or out=...")
     if resume and (run_dir / "config.json").exists():
         saved = FedNLConfig.from_json(json.dumps(json.loads((run_dir / "config.json").read_text())))
         if saved.to_json() != cfg.to_json():

@@ -176,18 +176,22 @@ class ThetaAverage(FedAvg):
         return f"reply of {size} bytes, more than the {self.max_reply_bytes} theta can take" \
             if size > self.max_reply_bytes else None
 
-    def _theta_problem(self, m: Message) -> str | None:
-        """Bytes that are not the arrays their headers announce (never unpickled), or the
-        values of theta (non-finite)."""
+    def _read_theta(self, m: Message) -> tuple[dict | None, str | None]:
+        """(theta, None), or (None, the problem): bytes that are not the arrays their headers
+        announce (never unpickled), or values theta cannot take (non-finite)."""
         try:
             theta = unpack_theta(m.content["arrays"])
         except (ValueError, TypeError, RuntimeError, EOFError, OSError) as e:
-            return f"arrays could not be read: {' '.join(str(e).split())[:200]}"
-        return reply_problem(theta, self.reference)
+            return None, f"arrays could not be read: {' '.join(str(e).split())[:200]}"
+        problem = reply_problem(theta, self.reference)
+        return (None, problem) if problem else (theta, None)
 
-    def _valid(self, replies, want_arrays: bool) -> list[Message]:
+    def _valid(self, replies, want_arrays: bool) -> list[tuple[Message, dict | None]]:
+        """The acceptable replies, by partition, each with its theta read once (None when
+        ``want_arrays`` is false); every other reply is logged and recorded as rejected."""
         ok, seen = [], set()
         for m in replies:
+            theta = None
             if m.has_error():
                 problem = f"client failed: {m.error.reason[:500]}"
             elif "metrics" not in m.content.metric_records:
@@ -198,8 +202,9 @@ class ThetaAverage(FedAvg):
                 problem = self._metrics_problem(m, want_arrays, seen)
                 if problem is None and want_arrays:
                     problem = self._size_problem(m) or \
-                        arrays_problem(m.content["arrays"], self.reference) or \
-                        self._theta_problem(m)
+                        arrays_problem(m.content["arrays"], self.reference)
+                    if problem is None:
+                        theta, problem = self._read_theta(m)
             if problem is None:
                 seen.add(int(m.content["metrics"]["partition-id"]))
             if problem:
@@ -207,14 +212,15 @@ class ThetaAverage(FedAvg):
                             m.metadata.src_node_id, problem)
                 self.record.setdefault("rejected", []).append(problem)
             else:
-                ok.append(m)
-        return sorted(ok, key=lambda m: int(m.content["metrics"]["partition-id"]))
+                ok.append((m, theta))
+        return sorted(ok, key=lambda pair: int(pair[0].content["metrics"]["partition-id"]))
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         self.record["bytes_up"] = sum(m.content["arrays"].count_bytes() for m in replies
                                       if not m.has_error() and "arrays" in m.content.array_records)
-        ok = self._valid(replies, want_arrays=True)
+        valid = self._valid(replies, want_arrays=True)
+        ok = [m for m, _ in valid]
         self.record["missing_train"] = self.record[f"sent_{MessageType.TRAIN}"] - len(replies)
         if len(ok) < self.cfg.min_clients:
             raise RoundFailed(
@@ -223,7 +229,7 @@ class ThetaAverage(FedAvg):
                 f"missing: {self.record['missing_train']}); the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
         theta, info = robust_aggregate(
-            [unpack_theta(m.content["arrays"]) for m in ok],
+            [theta for _, theta in valid],
             [float(m.content["metrics"]["num-examples"]) for m in ok], self.reference,
             self.cfg.aggregation, max_examples=self.cfg.max_train)
         self.record["aggregation"] = info
@@ -254,7 +260,7 @@ class ThetaAverage(FedAvg):
                 f"round {self.record['round']}: only {len(valid)} valid evaluation replies, "
                 f"fewer than min_clients={self.cfg.min_clients}; the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
-        for m in valid:
+        for m, _ in valid:
             name = str(m.content["client"]["name"])
             entry = self.record["clients"].setdefault(
                 name, {"domain": str(m.content["client"]["domain"])})

@@ -14,7 +14,15 @@ import torch
 from transformers import DynamicCache
 
 from plasticlm.data.corpus import load_text_corpus
-from plasticlm.eval import CI, format_ci, qa_line, seed_ci
+from plasticlm.eval import (
+    CI,
+    format_ci,
+    pooled_bootstrap_ci,
+    qa_continuation,
+    qa_line,
+    qa_prompt,
+    seed_ci,
+)
 from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import build_model
@@ -49,6 +57,43 @@ def stream_ce(model, tok, segments, bucket: int, window: int) -> list[float]:
     return [ce[i:i + bucket].mean().item() for i in range(0, len(ce) - bucket + 1, bucket)]
 
 
+@torch.no_grad()
+def stream_questions(model, tok, segments, chunk_tokens: int = 256) -> list[dict]:
+    """Each question of one client stream answered where it is asked, from the stream's
+    state (window cache and memory, never reset), by 4-way choice: the log-likelihood of
+    each choice after ``Q: <question> A:``, the state restored after each; then the answered
+    line joins the stream as in :func:`stream_ce`. Returns per question ``{"tokens":
+    position in the stream, "lag": passages since its entity's, "scores": log-likelihood
+    per choice, "correct": 1.0 | 0.0}``.
+    Windowed models only (a full-attention model has no bounded stream state)."""
+    stream = MemoryStream(model, chunk_tokens=chunk_tokens)
+    device = next(model.parameters()).device
+
+    def ids(text: str) -> torch.Tensor:
+        return torch.tensor([tok(text, add_special_tokens=False)["input_ids"]], device=device)
+
+    stream.feed(torch.tensor([[tok.bos_token_id]], device=device))
+    out = []
+    for i, seg in enumerate(segments):
+        sep = "\n" if i else ""
+        if seg.kind == "text":
+            stream.feed(ids(sep + seg.text))
+            continue
+        stream.feed(ids(sep + qa_prompt(seg.text)))
+        saved, scores = stream.state_dict(), []
+        for choice in seg.choices:
+            cont = ids(qa_continuation(choice))
+            logits = torch.cat([saved["last_logits"], stream.feed(cont)[:, :-1]], dim=1)
+            logp = torch.log_softmax(logits[0].float(), dim=-1)
+            scores.append(logp.gather(1, cont[0, :, None]).sum().item())
+            stream.load_state_dict(saved)
+        out.append({"tokens": stream.position, "lag": seg.lag, "scores": scores,
+                    "correct": float(max(range(len(scores)), key=scores.__getitem__)
+                                     == seg.choices.index(seg.answer))})
+        stream.feed(ids(qa_continuation(seg.answer) + "."))
+    return out
+
+
 def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     """The final thetas of the ``cfg.stream_from`` runs (trained first if missing) read each
     domain's client stream; per variant and seed, the CE of every 256-token bucket divided
@@ -60,7 +105,7 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     for v in variants(ob):
         if v.window == 0 and not v.trained:
             continue
-        per_seed = []
+        per_seed, asked = [], []
         for seed in range(cfg.seeds):
             model, tok, _ = trained_model(federated_config(ob, v, seed, root), v.trained,
                                           progress)
@@ -68,28 +113,57 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
                       for segs in streams.values()]
             k = min(len(c) for c in curves)
             per_seed.append([sum(c[i] / c[0] for c in curves) / len(curves) for i in range(k)])
+            if v.window:
+                asked.append([stream_questions(model, tok, segs) for segs in streams.values()])
         k = min(len(c) for c in per_seed)
         out["variants"][v.label] = {
             "normalised_ce": [dataclasses.asdict(seed_ci([c[i] for c in per_seed]))
                               for i in range(k)],
-            "last_bucket": dataclasses.asdict(seed_ci([c[k - 1] for c in per_seed]))}
+            "last_bucket": dataclasses.asdict(seed_ci([c[k - 1] for c in per_seed])),
+            **(_question_summary(asked) if asked else {})}
         if progress:
             log.info("stream %s: last bucket %.3f", v.label,
                      out["variants"][v.label]["last_bucket"]["mean"])
     lines = [f"| stream: variant | normalised CE, last {cfg.bucket_tokens}-token bucket "
-             "[95% CI over seeds] | change | paper |", "|---|---|---|---|"]
+             "[95% CI over seeds] | change | paper | in-stream questions, % [95% CI] | "
+             "late minus early questions, pp [95% CI over seeds] |", "|---|---|---|---|---|---|"]
     for label, r in out["variants"].items():
         last = CI(**r["last_bucket"])
+        q = (f"{format_ci(CI(**r['questions']))} | {format_ci(CI(**r['late_minus_early']))}"
+             if "questions" in r else "- | -")
         lines.append(f"| {label} | {format_ci(last, 1, 3)} | {100 * (last.mean - 1):+.1f}% | "
-                     f"{PAPER_CELLS['stream'].get(label, '-')} |")
-    out["table"] = "\n".join(lines) + (f"\n\n{len(streams)} client streams, one per domain, "
-                                       f"{cfg.seeds} seeds of the {cfg.stream_from} runs' "
-                                       "thetas.")
+                     f"{PAPER_CELLS['stream'].get(label, '-')} | {q} |")
+    out["table"] = "\n".join(lines) + (
+        f"\n\n{len(streams)} client streams, one per domain, {cfg.seeds} seeds of the "
+        f"{cfg.stream_from} runs' thetas. In-stream questions: each asked where it stands in "
+        "the stream, answered by 4-way choice from the stream's state (chance 25%; windowed "
+        "rows only), the halves split at half the last question's position in each stream.")
     root_s = Path(cfg.out) / "stream"
     root_s.mkdir(parents=True, exist_ok=True)
     (root_s / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root_s / "table.md").write_text(out["table"] + "\n")
     return out
+
+
+def _question_summary(asked: list[list[list[dict]]]) -> dict:
+    """Accuracy of every in-stream question pooled over seeds ([seed][stream][question]),
+    and per seed the late questions' accuracy minus the early ones' (split, per stream, at
+    half the last question's position), with a t-interval over seeds; empty when a seed's
+    streams hold no question."""
+    pooled = [[q["correct"] for stream in seed for q in stream] for seed in asked]
+    if not all(pooled):  # streams too short to hold a question (the quick world's)
+        return {}
+    diffs = []
+    for seed in asked:
+        early, late = [], []
+        for stream in seed:
+            middle = stream[-1]["tokens"] / 2 if stream else 0
+            for q in stream:
+                (late if q["tokens"] > middle else early).append(q["correct"])
+        diffs.append(sum(late) / max(1, len(late)) - sum(early) / max(1, len(early)))
+    return {"questions": dataclasses.asdict(pooled_bootstrap_ci(pooled)),
+            "late_minus_early": dataclasses.asdict(seed_ci(diffs)),
+            "questions_per_seed": len(pooled[0])}
 
 
 def _world_tokens(tok, data: str, n: int) -> torch.Tensor:

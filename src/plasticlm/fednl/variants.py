@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import set_theta
-from plasticlm.runs import load_tensors
+from plasticlm.runs import clear_run_folder, load_tensors
 
 log = logging.getLogger("plasticlm.fednl")
 
@@ -52,6 +51,8 @@ class ExperimentConfig:
     max_test: int = 48            # per client
     niah_length: int = 160        # tokens per NIAH sample (10 W; multikey needs >= 160)
     lr: float = 2e-3
+    segment_tokens: int = 0       # > 0: windowed rows train in segments of this many tokens,
+                                  # the state carried across them (truncated BPTT)
     model: str = "sandbox:receiver"
     data: str = "sandbox"
     out: str = "runs/fednl-experiments"
@@ -105,7 +106,8 @@ def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -
     split = {"niah": "niah", "openbook": "openbook"}.get(cfg.experiment, "domain")
     method = MethodConfig(name=v.method, window=v.window, memory_recurrent=v.recurrent,
                           memory_decay=v.decay,
-                          local_steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr)
+                          local_steps=cfg.local_steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                          segment_tokens=cfg.segment_tokens if v.window else 0)
     return FedNLConfig(name=f"{v.key}-s{seed}", model=cfg.model, data=cfg.data, split=split,
                        max_train=cfg.max_train, max_test=cfg.max_test,
                        niah_length=cfg.niah_length, rounds=cfg.rounds, seed=seed,
@@ -126,8 +128,7 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
     if not done:
         if progress:
             log.info("%s: %d rounds on Flower", fcfg.name, fcfg.rounds)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
+        clear_run_folder(run_dir, "choose another --set out=...")
         run_federated(fcfg)
     theta = load_tensors(sorted(run_dir.glob("round_*/theta.safetensors"))[-1], "FedNL theta")
     set_theta(model, theta)

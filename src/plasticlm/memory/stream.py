@@ -56,9 +56,11 @@ class MemoryStream:
         self.position = 0
         self.last_logits: torch.Tensor | None = None
 
-    @torch.no_grad()
-    def feed(self, input_ids: torch.Tensor, keep: str = "all") -> torch.Tensor:
-        """Consume input_ids [B,T]; returns logits [B,T,V] (``keep="all"``) or [B,1,V] ("last")."""
+    def feed(self, input_ids: torch.Tensor, keep: str = "all", grad: bool = False) -> torch.Tensor:
+        """Consume input_ids [B,T]; returns logits [B,T,V] (``keep="all"``) or [B,1,V] ("last").
+
+        With ``grad`` the forward is recorded for autograd, through the state carried in from
+        earlier feeds; :meth:`detach` cuts that history (truncated BPTT)."""
         if keep not in ("all", "last"):
             raise PlasticError(f"keep must be 'all' or 'last'; got {keep!r}")
         if input_ids.dim() != 2:
@@ -71,19 +73,31 @@ class MemoryStream:
         try:
             for attn, state in zip(self._attn, self.states):
                 attn.stream_state = state
-            for start in range(0, input_ids.shape[1], self.chunk_tokens):
-                chunk = input_ids[:, start:start + self.chunk_tokens]
-                positions = torch.arange(self.position, self.position + chunk.shape[1], device=device)[None]
-                logits = self.model(input_ids=chunk, position_ids=positions, use_cache=False).logits
-                self.position += chunk.shape[1]
-                # clone: a slice would keep the whole chunk's logits alive
-                self.last_logits = logits[:, -1:].clone()
-                if keep == "all":
-                    outs.append(logits)
+            with torch.set_grad_enabled(grad):
+                for start in range(0, input_ids.shape[1], self.chunk_tokens):
+                    chunk = input_ids[:, start:start + self.chunk_tokens]
+                    positions = torch.arange(self.position, self.position + chunk.shape[1],
+                                             device=device)[None]
+                    logits = self.model(input_ids=chunk, position_ids=positions,
+                                        use_cache=False).logits
+                    self.position += chunk.shape[1]
+                    # clone: a slice would keep the whole chunk's logits alive
+                    self.last_logits = logits[:, -1:].clone()
+                    if keep == "all":
+                        outs.append(logits)
         finally:
             for attn in self._attn:
                 attn.stream_state = None
         return torch.cat(outs, dim=1) if keep == "all" else self.last_logits
+
+    def detach(self) -> None:
+        """Keep the state's values but cut its autograd history: what is fed next with
+        ``grad=True`` sends no gradient into the tokens already fed (truncated BPTT)."""
+        for state in self.states:
+            for name, tensor in state.tensors().items():
+                setattr(state, name, tensor.detach())
+        if self.last_logits is not None:
+            self.last_logits = self.last_logits.detach()
 
     @torch.no_grad()
     def generate(self, max_new_tokens: int) -> torch.Tensor:
