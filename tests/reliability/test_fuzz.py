@@ -257,6 +257,16 @@ def test_any_well_formed_llama2c_vocabulary_gives_a_working_tokenizer(scratch, t
     tok.decode(ids)
 
 
+def test_a_repeated_llama2c_piece_keeps_ids_below_the_vocabulary_size(scratch):
+    """Found by the fuzzing above: a piece repeated in the file left a hole in the ids, so
+    the tokenizer's size fell below the vocabulary's and the last piece's id was past it."""
+    path = scratch / "repeated.bin"
+    path.write_bytes(tokenizer_file([(0.0, b"\x00")] * 5 + [(0.0, b"Y")]))
+    tok = llama2c_tokenizer(path, 6)
+    assert len(tok) == 6
+    assert tok("Y")["input_ids"][-1] == 5
+
+
 # ---- dataset loaders -------------------------------------------------------------------
 
 text_ = st.text(max_size=20)

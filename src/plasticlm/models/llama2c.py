@@ -150,12 +150,19 @@ def llama2c_tokenizer(tokenizer_bin: str | Path, vocab_size: int):
     tokens, scores = read_llama2c_vocab(tokenizer_bin, vocab_size)
     specials = {0: "<unk>", 1: "<s>", 2: "</s>"}
     pieces = [specials.get(i, t.replace(" ", SPACE)) for i, t in enumerate(tokens)]
-    vocab = {}
+    vocab, repeated = {}, set()
     for i, p in enumerate(pieces):
-        vocab.setdefault(p, i)
+        if p in vocab:
+            # a piece that occurs twice (no real vocabulary has one): the later id gets a
+            # placeholder no text encodes to, so ids stay dense and below vocab_size
+            while p in vocab:
+                p = f"<repeat-{i}>{p}"
+            pieces[i] = p
+            repeated.add(i)
+        vocab[p] = i
     merges = []
     for i, piece in enumerate(pieces):
-        if i in specials or piece.startswith("<0x") or len(piece) < 2:
+        if i in specials or i in repeated or piece.startswith("<0x") or len(piece) < 2:
             continue
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
