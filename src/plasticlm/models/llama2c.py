@@ -154,7 +154,7 @@ def llama2c_tokenizer(tokenizer_bin: str | Path, vocab_size: int):
     for i, p in enumerate(pieces):
         if p in vocab:
             # a piece that occurs twice (no real vocabulary has one): the later id gets a
-            # placeholder no text encodes to, so ids stay dense and below vocab_size
+            # name no text encodes to, so ids stay dense and below vocab_size
             while p in vocab:
                 p = f"<repeat-{i}>{p}"
             pieces[i] = p
