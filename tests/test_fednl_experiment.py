@@ -61,6 +61,65 @@ def test_openbook_clients_are_tested_on_entities_they_never_trained_on(quick_wor
         assert len(t.groups()) == len(t.test)
 
 
+def test_closed_book_questions_make_up_their_share_of_each_clients_training(quick_world):
+    """Each open-book client trains on its own domain's closed-book questions, ``share`` of
+    its pairs, in the pre-training template, none of them a closed-book test question."""
+    from plasticlm.eval import qa_continuation, qa_prompt
+    from plasticlm.fednl.config import FedNLConfig
+    from plasticlm.fednl.task import (
+        closed_book_test,
+        openbook_tasks,
+        with_closed_book,
+        world_domains,
+    )
+
+    tasks = openbook_tasks(quick_world)
+    mixed = with_closed_book(tasks, quick_world, 0.25, seed=0)
+    mapping = world_domains(quick_world)
+    for t, m in zip(tasks, mixed):
+        k, n = len(t.item_pairs()), len(m.closed_book)
+        assert m.item_pairs() == t.item_pairs() and n > 0
+        assert abs(n / (n + k) - 0.25) <= 1 / (n + k)
+        assert {mapping[q.subject] for q in m.closed_book} == {t.domain}
+        assert m.pairs()[k:] == [(qa_prompt(q.question), qa_continuation(q.answer_text))
+                                 for q in m.closed_book]
+    test = closed_book_test(quick_world)
+    assert test.test and not ({q.question for m in mixed for q in m.closed_book}
+                              & {q.question for q in test.test})
+    assert with_closed_book(tasks, quick_world, 0.0) is tasks
+    # a run's config reaches its clients' data
+    from plasticlm.fednl.setup import tasks_for
+
+    for split in ("openbook", "niah"):
+        cfg = FedNLConfig(split=split, model="sandbox-quick:receiver", data="sandbox-quick",
+                          niah_length=400, max_train=4, closed_book_share=0.25)
+        assert all(t.closed_book for t in tasks_for(cfg))
+    with pytest.raises(PlasticError, match="closed-book already"):
+        FedNLConfig(split="domain", closed_book_share=0.25)
+    with pytest.raises(PlasticError, match=r"\[0, 1\)"):
+        FedNLConfig(split="niah", closed_book_share=1.0)
+
+
+def test_long_streams_continue_each_domain_with_the_others(quick_world):
+    from transformers import AutoTokenizer
+
+    from plasticlm.fednl.streaming import long_streams
+    from plasticlm.sandbox import sandbox_model
+    from plasticlm.sandbox.tasks import load_client_streams
+
+    streams = load_client_streams(quick_world / "client_streams.jsonl")
+    tok = AutoTokenizer.from_pretrained(sandbox_model("receiver", "quick"))
+    assert long_streams(streams, 0, tok) is streams
+    names = list(streams)
+    size = {n: len(tok("\n".join(s.text for s in segs), add_special_tokens=False)["input_ids"])
+            for n, segs in streams.items()}
+    want = sum(size.values()) + 1   # more than all five: the own stream comes round again
+    for i, (name, segs) in enumerate(long_streams(streams, want, tok).items()):
+        assert name == names[i]
+        order = [names[(i + j) % len(names)] for j in range(len(names) + 1)]
+        assert segs == [s for n in order for s in streams[n]]
+
+
 def test_every_niah_client_scores_by_choice(quick_world):
     """All seven NIAH tasks get four options per sample, word answers included (decoys from
     other samples' answers), and a score per held-out sample."""
@@ -175,6 +234,9 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
         assert ("drop" in r) == (label != "untrained, window")
     for label in labels:
         assert f"| {label} |" in results["table"]
+        r = results["runs"][f"{label}|0"]
+        assert len(r["closed_book"]) == len(r["closed_book_groups"]) > 0
+    assert "closed-book [95% CI]" in results["table"]
     folder = Path(cfg.out) / "openbook"
     assert (folder / "accuracy.png").stat().st_size > 0
     assert json.loads((folder / "results.json").read_text())["table"] == results["table"]
@@ -203,6 +265,12 @@ def test_stream_memory_and_comm_experiments(quick_experiment):
         assert r["normalised_ce"][0]["mean"] == pytest.approx(1.0)
         assert "questions" not in r  # the quick world's streams are too short to ask any
     assert "in-stream questions" in stream["table"]
+    # read to 2048 tokens, past the end of each domain's own stream: 32 buckets of 64
+    long = run_experiment(quick_experiment("stream", ROWS, "stream_tokens=2048",
+                                           "stream_questions=false"), progress=False)
+    for r in long["variants"].values():
+        assert len(r["normalised_ce"]) == 2048 // 64
+    assert "read to 2048 tokens" in long["table"]
     memory = run_experiment(quick_experiment("memory"), progress=False)
     small, large = memory["rows"]
     assert large["kv_bytes"] == pytest.approx(2 * small["kv_bytes"], rel=0.01)

@@ -26,6 +26,8 @@ class FedNLConfig:
     max_train: int = 96               # training questions per client (cap)
     max_test: int = 48                # held-out questions per client (cap)
     niah_length: int = 192            # niah: prompt length in tokens of the model's tokenizer
+    closed_book_share: float = 0.0    # niah / openbook: this share of each client's training
+                                      # pairs are closed-book questions (the short-context skill)
     rounds: int = 4
     seed: int = 0
     min_clients: int = 2              # fewer valid replies than this fails the round
@@ -41,6 +43,13 @@ class FedNLConfig:
     def __post_init__(self):
         require_positive(self, "rounds", "max_train", "max_test", "min_clients", "num_clients",
                          "round_timeout", "niah_length")
+        if not 0 <= self.closed_book_share < 1:
+            raise PlasticError(f"closed_book_share must be in [0, 1), not "
+                               f"{self.closed_book_share}")
+        if self.closed_book_share and self.split not in ("niah", "openbook"):
+            raise PlasticError("closed_book_share mixes closed-book questions into niah or "
+                               f"openbook clients; the {self.split!r} clients are closed-book "
+                               "already: leave it at 0")
         # the run folder is out/name: an empty name would make it `out` itself
         if not isinstance(self.name, str) or self.name.strip(". ") == "" or \
                 any(c in self.name for c in "/\\"):

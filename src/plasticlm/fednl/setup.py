@@ -9,7 +9,13 @@ from transformers import AutoTokenizer
 
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.task import ClientTask, client_tasks, niah_tasks, openbook_tasks
+from plasticlm.fednl.task import (
+    ClientTask,
+    client_tasks,
+    niah_tasks,
+    openbook_tasks,
+    with_closed_book,
+)
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
@@ -18,14 +24,16 @@ from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 @functools.lru_cache(maxsize=4)
 def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
     cfg = FedNLConfig.from_json(cfg_json)
+    source = resolve_data_spec(cfg.data)
     if cfg.split == "niah":
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
-        return tuple(niah_tasks(resolve_data_spec(cfg.data), tokenizer, cfg.niah_length,
-                                cfg.max_train, cfg.max_test, cfg.seed))
+        tasks = niah_tasks(source, tokenizer, cfg.niah_length, cfg.max_train, cfg.max_test,
+                           cfg.seed)
+        return tuple(with_closed_book(tasks, source, cfg.closed_book_share, cfg.seed))
     if cfg.split == "openbook":
-        return tuple(openbook_tasks(resolve_data_spec(cfg.data), cfg.max_train, cfg.max_test,
-                                    cfg.seed))
-    return tuple(client_tasks(resolve_data_spec(cfg.data), cfg.split, cfg.num_clients, cfg.alpha,
+        tasks = openbook_tasks(source, cfg.max_train, cfg.max_test, cfg.seed)
+        return tuple(with_closed_book(tasks, source, cfg.closed_book_share, cfg.seed))
+    return tuple(client_tasks(source, cfg.split, cfg.num_clients, cfg.alpha,
                               cfg.max_train, cfg.max_test, cfg.seed))
 
 

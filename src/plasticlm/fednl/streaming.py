@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 
 from plasticlm.data.corpus import load_text_corpus
+from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     CI,
     format_ci,
@@ -36,7 +37,7 @@ from plasticlm.fednl.variants import (
 from plasticlm.memory import MemoryStream
 from plasticlm.plotting import plt
 from plasticlm.runs import dtype_name
-from plasticlm.sandbox import resolve_data_spec
+from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 from plasticlm.sandbox.tasks import load_client_streams
 
 log = logging.getLogger("plasticlm.fednl")
@@ -100,7 +101,9 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     by that of the first, averaged over the five streams."""
     ob = dataclasses.replace(cfg, experiment=cfg.stream_from)
     root = Path(cfg.out) / cfg.stream_from
-    streams = load_client_streams(resolve_data_spec(cfg.data) / "client_streams.jsonl")
+    streams = long_streams(load_client_streams(resolve_data_spec(cfg.data) /
+                                               "client_streams.jsonl"), cfg.stream_tokens,
+                           AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model)))
     out: dict = {"config": dataclasses.asdict(cfg), "variants": {}}
     for v in variants(ob):
         if v.window == 0 and not v.trained:
@@ -112,8 +115,10 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
             curves = [stream_ce(model, tok, segs, cfg.bucket_tokens, v.window)
                       for segs in streams.values()]
             k = min(len(c) for c in curves)
+            if cfg.stream_tokens:
+                k = min(k, cfg.stream_tokens // cfg.bucket_tokens)
             per_seed.append([sum(c[i] / c[0] for c in curves) / len(curves) for i in range(k)])
-            if v.window:
+            if v.window and cfg.stream_questions:
                 asked.append([stream_questions(model, tok, segs) for segs in streams.values()])
         k = min(len(c) for c in per_seed)
         out["variants"][v.label] = {
@@ -133,8 +138,11 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
              if "questions" in r else "- | -")
         lines.append(f"| {label} | {format_ci(last, 1, 3)} | {100 * (last.mean - 1):+.1f}% | "
                      f"{PAPER_CELLS['stream'].get(label, '-')} | {q} |")
+    k = len(next(iter(out["variants"].values()))["normalised_ce"])
+    reach = (f" read to {k * cfg.bucket_tokens} tokens, each domain's own stream continued by "
+             "the other domains' in turn" if cfg.stream_tokens else "")
     out["table"] = "\n".join(lines) + (
-        f"\n\n{len(streams)} client streams, one per domain, {cfg.seeds} seeds of the "
+        f"\n\n{len(streams)} client streams, one per domain{reach}, {cfg.seeds} seeds of the "
         f"{cfg.stream_from} runs' thetas. In-stream questions: each asked where it stands in "
         "the stream, answered by 4-way choice from the stream's state (chance 25%; windowed "
         "rows only), the halves split at half the last question's position in each stream.")
@@ -142,6 +150,29 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     root_s.mkdir(parents=True, exist_ok=True)
     (root_s / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root_s / "table.md").write_text(out["table"] + "\n")
+    return out
+
+
+def long_streams(streams: dict[str, list], tokens: int, tok) -> dict[str, list]:
+    """Each domain's stream continued by the other domains' streams in turn (its own again
+    after the last) until it holds at least ``tokens`` tokens of ``tok``; ``tokens`` = 0
+    leaves the streams as they are."""
+    if not tokens:
+        return streams
+    names = list(streams)
+    sizes = {n: len(tok("\n".join(s.text for s in segs), add_special_tokens=False)["input_ids"])
+             for n, segs in streams.items()}
+    if not sum(sizes.values()):
+        raise PlasticError("the client streams hold no text to read")
+    out = {}
+    for i, name in enumerate(names):
+        segs, n, j = [], 0, 0
+        while n < tokens:
+            part = names[(i + j) % len(names)]
+            segs += streams[part]
+            n += sizes[part]
+            j += 1
+        out[name] = segs
     return out
 
 

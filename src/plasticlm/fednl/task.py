@@ -18,6 +18,7 @@ Two kinds of client:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -53,9 +54,17 @@ class ClientTask:
     domain: str
     train: list[MCQuestion] = field(repr=False)
     test: list[MCQuestion] = field(repr=False)
+    # closed-book questions mixed into a retrieval or open-book client's training, so that
+    # learning to read far back does not cost the short-context ability (with_closed_book)
+    closed_book: list[MCQuestion] = field(default_factory=list, repr=False)
 
     def pairs(self) -> list[tuple[str, str]]:
-        """(prompt, answer continuation) for every training item."""
+        """(prompt, answer continuation) for every training item, closed-book ones included."""
+        return self.item_pairs() + [(qa_prompt(q.question), qa_continuation(q.answer_text))
+                                    for q in self.closed_book]
+
+    def item_pairs(self) -> list[tuple[str, str]]:
+        """(prompt, answer continuation) for every item of ``train``."""
         return [(qa_prompt(q.question), qa_continuation(q.answer_text)) for q in self.train]
 
     def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
@@ -96,7 +105,7 @@ class NIAHTask(ClientTask):
 
     max_new_tokens: int = 24
 
-    def pairs(self) -> list[tuple[str, str]]:
+    def item_pairs(self) -> list[tuple[str, str]]:
         return [(s.prompt, s.target) for s in self.train]
 
     def correct(self, model, tokenizer) -> list[float]:
@@ -145,7 +154,7 @@ class OpenBookTask(ClientTask):
     """An open-book client: ``train``/``test`` hold
     :class:`~plasticlm.sandbox.tasks.OpenBookItem` about disjoint entities."""
 
-    def pairs(self) -> list[tuple[str, str]]:
+    def item_pairs(self) -> list[tuple[str, str]]:
         return [(it.prompt, qa_continuation(it.choices[it.answer])) for it in self.train]
 
     def correct(self, model, tokenizer, batch_size: int = 16) -> list[float]:
@@ -186,6 +195,32 @@ def _cap(items: list, n: int | None, seed: int) -> list:
     if n is None or len(items) <= n:
         return items
     return random.Random(seed).sample(items, n)
+
+
+def with_closed_book(tasks: list[ClientTask], source: str | Path, share: float,
+                     seed: int = 0) -> list[ClientTask]:
+    """The same clients, each with closed-book questions (the pool's dev and val splits, in
+    the pre-training template) making up ``share`` of its training pairs: a client of a world
+    domain gets its domain's questions, any other client questions of every domain."""
+    if not 0 <= share < 1:
+        raise PlasticError(f"closed_book_share must be in [0, 1), not {share}")
+    if share == 0:
+        return tasks
+    pool, _, mapping = load_pool(source)
+    out = []
+    for c, task in enumerate(tasks):
+        own = [q for q in pool if mapping.get(q.subject) == task.domain] or pool
+        n = max(1, round(len(task.item_pairs()) * share / (1 - share)))
+        out.append(dataclasses.replace(task, closed_book=_cap(own, n, seed * 100 + c)))
+    return out
+
+
+def closed_book_test(source: str | Path, max_test: int | None = None,
+                     seed: int = 0) -> ClientTask:
+    """The pool's held-out closed-book questions (its ``test`` split) as one task: what a
+    retrieval-trained model keeps of its short-context ability."""
+    _, test, _ = load_pool(source)
+    return ClientTask("closed-book", "all", [], _cap(test, max_test, seed))
 
 
 def world_domains(world_dir: str | Path) -> dict[str, str]:

@@ -31,6 +31,8 @@ class Variant:
     recurrent: bool = True
     trained: bool = True
     decay: bool = False           # fednl: the gated delta rule
+    closed_book: bool = False     # clients also train on closed-book questions
+                                  # (ExperimentConfig.closed_book_share of their pairs)
 
     @property
     def key(self) -> str:
@@ -53,11 +55,16 @@ class ExperimentConfig:
     lr: float = 2e-3
     segment_tokens: int = 0       # > 0: windowed rows train in segments of this many tokens,
                                   # the state carried across them (truncated BPTT)
+    closed_book_share: float = 0.25  # the "with closed-book questions" row: their share of
+                                     # each client's training pairs
     model: str = "sandbox:receiver"
     data: str = "sandbox"
     out: str = "runs/fednl-experiments"
     memory_tokens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
     bucket_tokens: int = 256      # stream: CE bucket
+    stream_tokens: int = 0        # stream: > 0 reads this many tokens per client, its own
+                                  # stream continued by the other domains' (0: its own only)
+    stream_questions: bool = True # stream: answer the in-stream questions where they stand
     stream_from: str = "openbook" # stream: whose runs' thetas read the streams (openbook | niah)
     rows: tuple[str, ...] = ()    # which variants run, by label (empty: all); the reference
                                   # "fedavg LoRA, window" always does
@@ -71,6 +78,11 @@ class ExperimentConfig:
                                f"{self.stream_from!r}")
         if self.seeds < 1 or self.rounds < 1 or self.window < 1:
             raise PlasticError("seeds, rounds and window must be >= 1")
+        if not 0 < self.closed_book_share < 1:
+            raise PlasticError(f"closed_book_share must be in (0, 1), not "
+                               f"{self.closed_book_share}")
+        if self.stream_tokens < 0:
+            raise PlasticError(f"stream_tokens must be >= 0, not {self.stream_tokens}")
 
 
 def variants(cfg: ExperimentConfig) -> list[Variant]:
@@ -95,6 +107,7 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
                 Variant("untrained", "fedavg", w, trained=False)]
     return [Variant("fednl", "fednl", w),
             Variant("fednl, decay", "fednl", w, decay=True),
+            Variant("fednl, with closed-book questions", "fednl", w, closed_book=True),
             Variant("fednl, recurrence removed", "fednl", w, recurrent=False),
             Variant("fedavg LoRA, window", "fedavg", w),
             Variant("fedavg LoRA, full attention", "fedavg", 0),
@@ -110,7 +123,9 @@ def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -
                           segment_tokens=cfg.segment_tokens if v.window else 0)
     return FedNLConfig(name=f"{v.key}-s{seed}", model=cfg.model, data=cfg.data, split=split,
                        max_train=cfg.max_train, max_test=cfg.max_test,
-                       niah_length=cfg.niah_length, rounds=cfg.rounds, seed=seed,
+                       niah_length=cfg.niah_length,
+                       closed_book_share=cfg.closed_book_share if v.closed_book else 0.0,
+                       rounds=cfg.rounds, seed=seed,
                        min_clients=1, local_eval="last", out=str(root), method=method)
 
 
