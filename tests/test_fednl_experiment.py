@@ -68,6 +68,7 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
     from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.task import (
         closed_book_test,
+        has_closed_book_pool,
         openbook_tasks,
         with_closed_book,
         world_domains,
@@ -94,10 +95,34 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
         cfg = FedNLConfig(split=split, model="sandbox-quick:receiver", data="sandbox-quick",
                           niah_length=400, max_train=4, closed_book_share=0.25)
         assert all(t.closed_book for t in tasks_for(cfg))
+    # the experiment's closed-book row, and only it, trains with them
+    from plasticlm.fednl.experiment import _closed_book_cell
+    from plasticlm.fednl.variants import ExperimentConfig, federated_config, variants
+
+    ecfg = ExperimentConfig(data=str(quick_world))
+    shares = {v.label: federated_config(ecfg, v, 0, quick_world).closed_book_share
+              for v in variants(ecfg)}
+    assert shares.pop("fednl, with closed-book questions") == ecfg.closed_book_share > 0
+    assert set(shares.values()) == {0.0}
+    # a folder of NIAH essays has no closed-book questions: no such row, nothing to score
+    essays = quick_world.parent / "essays-only"
+    assert not has_closed_book_pool(essays)
+    assert "fednl, with closed-book questions" not in [
+        v.label for v in variants(ExperimentConfig(data=str(essays)))]
+    assert _closed_book_cell([{"correct": [1.0]}]) == "-"   # scored before the column existed
     with pytest.raises(PlasticError, match="closed-book already"):
         FedNLConfig(split="domain", closed_book_share=0.25)
     with pytest.raises(PlasticError, match=r"\[0, 1\)"):
         FedNLConfig(split="niah", closed_book_share=1.0)
+
+
+def test_long_stream_settings_that_cannot_work_are_refused():
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    with pytest.raises(PlasticError, match="at least one bucket"):
+        ExperimentConfig(experiment="stream", stream_tokens=100, stream_questions=False)
+    with pytest.raises(PlasticError, match="stream_questions=false"):
+        ExperimentConfig(experiment="stream", stream_tokens=16384)
 
 
 def test_long_streams_continue_each_domain_with_the_others(quick_world):

@@ -78,7 +78,7 @@ def client_train(msg: Message, context: Context) -> Message:
     if state:
         context.state["personal"] = ArrayRecord(state)
         save_client_state(state_dir, rnd, state)
-    metrics.update({"num-examples": len(task.train), "partition-id": pid,
+    metrics.update({"num-examples": len(task.pairs()), "partition-id": pid,
                     "train-seconds": time.time() - t0})
     return _reply(msg, pack_theta(theta, cfg.transfer_dtype), metrics, task, model)
 

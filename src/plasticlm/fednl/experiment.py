@@ -35,7 +35,7 @@ from plasticlm.fednl.comm import run_comm_experiment
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
-from plasticlm.fednl.task import closed_book_test
+from plasticlm.fednl.task import closed_book_test, has_closed_book_pool
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import (
     ExperimentConfig,
@@ -63,13 +63,9 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
     out = {"correct": correct, "groups": groups, "per_client": per_client,
            "accuracy": sum(correct) / len(correct), "seconds": round(time.time() - t0, 1),
            "theta_bytes": sum(x.numel() * 4 for x in get_theta(model).values())}
-    if cfg.experiment in ("niah", "openbook"):
-        try:
-            book = closed_book_test(resolve_data_spec(fcfg.data))
-        except PlasticError:
-            book = None   # NIAH on a folder of essays: no closed-book questions to ask
-        if book is not None:
-            out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
+    if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data):
+        book = closed_book_test(resolve_data_spec(fcfg.data))
+        out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
     if summary:
         out.update(drop=summary["mean_drop"], mb_per_round=summary["mb_per_round"],
                    train_seconds=round(summary["seconds"], 1))
@@ -142,7 +138,7 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
     ref = rows["fedavg LoRA, window"]["runs"]
     n = len(ref[0]["correct"])
     chance = "25%" if cfg.experiment != "mmlu" else "25% (4 choices)"
-    book = all("closed_book" in r for row in rows.values() for r in row["runs"])
+    book = any("closed_book" in r for row in rows.values() for r in row["runs"])
     lines = [f"| {cfg.experiment}: variant | attention | accuracy [95% CI] | minus fedavg LoRA, "
              "window [paired 95% CI] | verdict | aggregation drop, pp [95% CI over seeds] | "
              "theta KB | paper |" + (" closed-book [95% CI] |" if book else ""),
@@ -160,7 +156,7 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
             f"{format_ci(row['ci'])} | {'-' if same else format_ci(diff)} | "
             f"{'-' if same else verdict(diff)} | {drop} | {runs[0]['theta_bytes'] / 1e3:.1f} | "
             f"{PAPER_CELLS.get(cfg.experiment, {}).get(label, '-')} |"
-            + (f" {format_ci(_closed_book_ci(runs))} |" if book else ""))
+            + (f" {_closed_book_cell(runs)} |" if book else ""))
     seeds = len(finished_seeds(cfg, results))
     lines.append(f"\n{seeds} seed(s) of {cfg.seeds} x {n} held-out items; chance {chance}; "
                  "intervals: "
@@ -168,16 +164,18 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                  f"{cfg.rounds} rounds x {cfg.local_steps} local steps, batch {cfg.batch_size}. "
                  "Paper (Qwen2.5-1.5B): "
                  + "; ".join(f"{k} {v}" for k, v in PAPER_CELLS.get(cfg.experiment, {}).items())
-                 + (f". Closed-book: the world's {len(ref[0]['closed_book'])} held-out core "
-                    "questions (no context) asked of each row's final model at its own window: "
-                    "what learning to read far back leaves of the short-context skill"
-                    if book else ""))
+                 + (". Closed-book: the held-out closed-book questions (no context) asked of "
+                    "each row's final model at its own window, what learning to read far back "
+                    "leaves of the short-context skill; bootstrap over questions ('-': runs "
+                    "scored before the column existed)" if book else ""))
     return "\n".join(lines)
 
 
-def _closed_book_ci(runs: list[dict]) -> CI:
-    return pooled_bootstrap_ci([r["closed_book"] for r in runs],
-                               groups_per_seed=[r["closed_book_groups"] for r in runs])
+def _closed_book_cell(runs: list[dict]) -> str:
+    if not all("closed_book" in r for r in runs):
+        return "-"
+    return format_ci(pooled_bootstrap_ci([r["closed_book"] for r in runs],
+                                         groups_per_seed=[r["closed_book_groups"] for r in runs]))
 
 
 def _plot_accuracy(cfg: ExperimentConfig, results: dict, path: Path) -> None:

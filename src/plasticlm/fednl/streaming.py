@@ -154,9 +154,11 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
 
 
 def long_streams(streams: dict[str, list], tokens: int, tok) -> dict[str, list]:
-    """Each domain's stream continued by the other domains' streams in turn (its own again
-    after the last) until it holds at least ``tokens`` tokens of ``tok``; ``tokens`` = 0
-    leaves the streams as they are."""
+    """Domain -> list of :class:`~plasticlm.sandbox.tasks.StreamSegment`: each domain's
+    stream continued by the other domains' streams in turn (its own again after the last)
+    until its segments' text holds at least ``tokens`` tokens of ``tok`` (questions' answers
+    not counted, so the stream read is a little longer); ``tokens`` = 0 leaves the streams
+    as they are."""
     if not tokens:
         return streams
     names = list(streams)

@@ -42,6 +42,7 @@ from plasticlm.eval import (
     qa_continuation,
     qa_prompt,
 )
+from plasticlm.sandbox import sandbox_preset_of
 from plasticlm.sandbox.probes import niah_choice
 from plasticlm.sandbox.tasks import load_openbook
 
@@ -213,6 +214,14 @@ def with_closed_book(tasks: list[ClientTask], source: str | Path, share: float,
         n = max(1, round(len(task.item_pairs()) * share / (1 - share)))
         out.append(dataclasses.replace(task, closed_book=_cap(own, n, seed * 100 + c)))
     return out
+
+
+def has_closed_book_pool(data: str | Path) -> bool:
+    """Whether a run's ``data`` (a sandbox preset name or a folder) holds closed-book
+    questions: a sandbox world or an MMLU folder, not a folder of essays."""
+    if sandbox_preset_of(str(data)):
+        return True
+    return (Path(data) / "world.json").exists() or (Path(data) / "test").is_dir()
 
 
 def closed_book_test(source: str | Path, max_test: int | None = None,

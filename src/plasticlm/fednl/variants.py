@@ -13,6 +13,7 @@ from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.setup import build_model
+from plasticlm.fednl.task import has_closed_book_pool
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import clear_run_folder, load_tensors
 
@@ -81,8 +82,12 @@ class ExperimentConfig:
         if not 0 < self.closed_book_share < 1:
             raise PlasticError(f"closed_book_share must be in (0, 1), not "
                                f"{self.closed_book_share}")
-        if self.stream_tokens < 0:
-            raise PlasticError(f"stream_tokens must be >= 0, not {self.stream_tokens}")
+        if self.stream_tokens and self.stream_tokens < self.bucket_tokens:
+            raise PlasticError(f"stream_tokens must be 0 (each domain's own stream) or at least "
+                               f"one bucket ({self.bucket_tokens}), not {self.stream_tokens}")
+        if self.stream_tokens and self.stream_questions:
+            raise PlasticError("in-stream questions are asked in a domain's own stream; with "
+                               "stream_tokens > 0 also set stream_questions=false")
 
 
 def variants(cfg: ExperimentConfig) -> list[Variant]:
@@ -105,9 +110,12 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
                 Variant("fedprox", "fedprox", w), Variant("fedssi", "fedssi", w),
                 Variant("fedala", "fedala", w),
                 Variant("untrained", "fedavg", w, trained=False)]
+    # the closed-book row needs closed-book questions: not in a folder of NIAH essays
+    book = ([Variant("fednl, with closed-book questions", "fednl", w, closed_book=True)]
+            if has_closed_book_pool(cfg.data) else [])
     return [Variant("fednl", "fednl", w),
             Variant("fednl, decay", "fednl", w, decay=True),
-            Variant("fednl, with closed-book questions", "fednl", w, closed_book=True),
+            *book,
             Variant("fednl, recurrence removed", "fednl", w, recurrent=False),
             Variant("fedavg LoRA, window", "fedavg", w),
             Variant("fedavg LoRA, full attention", "fedavg", 0),
