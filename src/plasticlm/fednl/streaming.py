@@ -101,9 +101,10 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     by that of the first, averaged over the five streams."""
     ob = dataclasses.replace(cfg, experiment=cfg.stream_from)
     root = Path(cfg.out) / cfg.stream_from
-    streams = long_streams(load_client_streams(resolve_data_spec(cfg.data) /
-                                               "client_streams.jsonl"), cfg.stream_tokens,
-                           AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model)))
+    streams = load_client_streams(resolve_data_spec(cfg.data) / "client_streams.jsonl")
+    if cfg.stream_tokens:
+        streams = long_streams(streams, cfg.stream_tokens,
+                               AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model)))
     out: dict = {"config": dataclasses.asdict(cfg), "variants": {}}
     for v in variants(ob):
         if v.window == 0 and not v.trained:

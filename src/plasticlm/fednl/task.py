@@ -47,6 +47,11 @@ from plasticlm.sandbox.probes import niah_choice
 from plasticlm.sandbox.tasks import load_openbook
 
 
+def qa_pairs(questions: list[MCQuestion]) -> list[tuple[str, str]]:
+    """(prompt, answer continuation) per question, in the pre-training QA template."""
+    return [(qa_prompt(q.question), qa_continuation(q.answer_text)) for q in questions]
+
+
 @dataclass
 class ClientTask:
     """One client's data: what it trains on and what it is evaluated on."""
@@ -61,12 +66,11 @@ class ClientTask:
 
     def pairs(self) -> list[tuple[str, str]]:
         """(prompt, answer continuation) for every training item, closed-book ones included."""
-        return self.item_pairs() + [(qa_prompt(q.question), qa_continuation(q.answer_text))
-                                    for q in self.closed_book]
+        return self.item_pairs() + qa_pairs(self.closed_book)
 
     def item_pairs(self) -> list[tuple[str, str]]:
         """(prompt, answer continuation) for every item of ``train``."""
-        return [(qa_prompt(q.question), qa_continuation(q.answer_text)) for q in self.train]
+        return qa_pairs(self.train)
 
     def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
         """``steps`` batches of (input_ids [B,T], labels [B,T]); loss only on the answer."""
@@ -211,7 +215,7 @@ def with_closed_book(tasks: list[ClientTask], source: str | Path, share: float,
     out = []
     for c, task in enumerate(tasks):
         own = [q for q in pool if mapping.get(q.subject) == task.domain] or pool
-        n = max(1, round(len(task.item_pairs()) * share / (1 - share)))
+        n = max(1, round(len(task.train) * share / (1 - share)))
         out.append(dataclasses.replace(task, closed_book=_cap(own, n, seed * 100 + c)))
     return out
 
@@ -219,9 +223,14 @@ def with_closed_book(tasks: list[ClientTask], source: str | Path, share: float,
 def has_closed_book_pool(data: str | Path) -> bool:
     """Whether a run's ``data`` (a sandbox preset name or a folder) holds closed-book
     questions: a sandbox world or an MMLU folder, not a folder of essays."""
-    if sandbox_preset_of(str(data)):
-        return True
-    return (Path(data) / "world.json").exists() or (Path(data) / "test").is_dir()
+    return bool(sandbox_preset_of(str(data))) or _pool_kind(Path(data)) is not None
+
+
+def _pool_kind(folder: Path) -> str | None:
+    """"world" (a sandbox world), "mmlu" (dev/ val/ test/ of CSVs) or None."""
+    if (folder / "world.json").exists():
+        return "world"
+    return "mmlu" if (folder / "test").is_dir() else None
 
 
 def closed_book_test(source: str | Path, max_test: int | None = None,
@@ -244,9 +253,10 @@ def load_pool(source: str | Path) -> tuple[list[MCQuestion], list[MCQuestion], d
     Train: the ``dev`` and ``val`` splits; test: the ``test`` split.
     """
     folder = Path(source)
-    if (folder / "world.json").exists():
+    kind = _pool_kind(folder)
+    if kind == "world":
         mapping, mmlu = world_domains(folder), folder / "mmlu"
-    elif (folder / "test").is_dir():
+    elif kind == "mmlu":
         mapping, mmlu = partition.MMLU_CLIENT_DOMAIN, folder
     else:
         raise PlasticError(f"{folder} is neither a sandbox world (world.json) nor an MMLU folder "
