@@ -228,13 +228,16 @@ def test_cli_squad_experiment_quick(tiny, tmp_path):
     args = parser.parse_args(["scol", "experiment", "squad", "--quick", "--no-progress",
                               "--set", f"model={folder / 'model'}", "--set",
                               f"squad={folder / 'squad.json'}", "--out", str(out),
-                              "--set", "scol.reward=intrinsic"])
+                              "--set", "scol.reward=intrinsic", "--set", "full_rows_every=3"])
     assert args.func(args) == 0
     seed = json.loads((out / "seed-0" / "report.json").read_text())
     assert set(seed["methods"]) == set(METHODS)
-    for entry in seed["methods"].values():
+    for name, entry in seed["methods"].items():
         m = entry["matrix_em"]
         assert [len(r) for r in m] == [1, 2, 3]   # lower-triangular, 3 contexts
+        # full rows every 3rd commit: row 1 asked its newest context alone (batch TTT has
+        # one row, the last, which is always full)
+        assert (m[1][0] is None) == (name != "batch_ttt") and None not in m[-1]
     assert seed["config"]["scol"]["reward"] == "intrinsic"
     for png in ("matrices.png", "summary.png", "layers.png"):
         assert (out / "seed-0" / png).stat().st_size > 1000
@@ -374,6 +377,9 @@ def test_inner_update_sweep_quick(tmp_path, capsys):
     assert len({json.dumps(r["layers"]) for r in report["results"]}) == 1
     frozen = [r for r in report["results"] if r["setting"]["lr"] == 1e-9]
     assert all(r["legal_final"] == report["untouched"]["legal"] for r in frozen)
+    # closed-set MC is measured beside EM for every setting
+    assert all(r["immediate_mc"] is not None and r["retention_mc"] is not None
+               for r in report["results"])
     keep = report["sweep"]["keep_legal"] * report["untouched"]["legal"]
     kept = [r["setting"] for r in report["results"] if r["legal_final"] >= keep]
     assert report["recommended"] in kept
@@ -552,6 +558,42 @@ def test_pair_accuracy_follows_what_ipo_taught(tiny):
     assert pair_accuracy(policy, tok, [pair], cfg.max_layers) == 1.0
     flipped = PreferencePair(ids, tuple(bad), tuple(good), 1.0)
     assert pair_accuracy(policy, tok, [flipped], cfg.max_layers) == 0.0
+
+
+def test_partial_rows_ask_only_the_newest_context(monkeypatch):
+    """A partial row asks its newest context's questions alone (earlier entries None), the
+    stream's last row is always full, and immediate / retention equal the full matrix's."""
+    from plasticlm.data.squad import load_squad
+    from plasticlm.models import load_causal_lm
+    from plasticlm.sandbox import sandbox_model
+    from plasticlm.scol import matrix as matrix_mod
+    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
+
+    cfg = quick_config()
+    contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
+                                      legal_sets(cfg))[:3]
+    model, tok = load_causal_lm(sandbox_model("receiver", preset="quick"))
+    asked: list[int] = []
+    real = matrix_mod.qa_answers
+
+    def counting(m, t, qs, prefix=""):
+        asked.append(len(qs))
+        return real(m, t, qs, prefix)
+    monkeypatch.setattr(matrix_mod, "qa_answers", counting)
+    full, partial = matrix_mod.AccuracyMatrix(contexts), matrix_mod.AccuracyMatrix(contexts)
+    for t in range(len(contexts)):
+        full.add_row(model, tok, t)
+    n_full = sum(asked)
+    asked.clear()
+    for t in range(len(contexts)):
+        partial.add_row(model, tok, t, full=False)
+    sizes = [len(c.questions) for c in contexts]
+    assert asked == [sizes[0], sizes[1], sum(sizes)] and sum(asked) < n_full
+    assert partial.em[1][0] is None and None not in partial.em[-1]
+    assert partial.full_rows() == [0, 2] and full.full_rows() == [0, 1, 2]
+    for key in ("immediate", "retention"):
+        assert partial.summary()["em"][key] == full.summary()["em"][key]
+    assert partial.summary()["mc"] == full.summary()["mc"]
 
 
 def test_closed_set_retention_sees_a_fact_the_model_was_taught():

@@ -6,11 +6,14 @@ choice to learn.
 Every setting of a grid (target modules x steps x learning rate x rank, with and without
 generic replay) consolidates the same evaluation stream, one commit per context, each on
 random layers of the sizes a policy names (1 to ``max_layers``, drawn by seed, identical for
-every setting). Measured per setting: acquisition (EM on a context's questions right after
-its commit, the diagonal), retention (EM on every earlier context after the whole stream)
-and the legal-answer rate after the whole stream, beside the untouched model's. The
-recommended default is the setting with the best acquisition among those that keep the
-legal-answer rate at >= ``keep_legal`` of the untouched model's.
+every setting), or the last layer for every context (``layers = "last"``). Measured per
+setting: acquisition (EM on a context's questions right after its commit, the diagonal),
+retention (EM on every earlier context after the whole stream), the same two by closed-set
+multiple choice (the attribute's legal values ranked by log-likelihood: a fact written into
+the weights that greedy decoding does not yet produce), and the legal-answer rate after the
+whole stream, beside the untouched model's. The recommended default is the setting with the
+best acquisition among those that keep the legal-answer rate at >= ``keep_legal`` of the
+untouched model's.
 
 ``plasticlm scol experiment gate``: the oracle gate. Every action (each single layer, and
 each pair with ``max_layers`` = 2) updates the untouched model on each context of the
@@ -35,6 +38,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from plasticlm.data.squad import load_squad
+from plasticlm.errors import PlasticError
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -65,6 +69,7 @@ class SweepConfig:
     rank: tuple[int, ...] = (8,)
     replay: tuple[int, ...] = (0, 4)
     max_layers: int = 2
+    layers: str = "random"       # random (1..max_layers per context) | last (the last layer)
     keep_legal: float = 0.9      # a setting must keep this share of the untouched legal rate
     seed: int = 0
 
@@ -82,6 +87,8 @@ class SweepResult:
     legal_final: float
     seconds: float
     layers: list[list[int]] = field(default_factory=list)
+    immediate_mc: float | None = None     # closed-set MC right after each commit
+    retention_mc: float | None = None     # closed-set MC on earlier contexts, end of stream
 
 
 def lora_config(base: LoraTrainConfig, setting: dict) -> LoraTrainConfig:
@@ -107,17 +114,16 @@ def run_setting(base_model, tokenizer, stream, lora: LoraTrainConfig, layer_sets
     """Consolidate ``stream`` with ``lora`` on ``layer_sets`` (one per context)."""
     t0 = time.time()
     model = copy.deepcopy(base_model)
-    immediate = 0.0
+    mat = AccuracyMatrix(stream)
     for t, (ctx, layers) in enumerate(zip(stream, layer_sets)):
         windows = with_replay(context_windows(tokenizer, ctx.text, lora.max_tokens), replay,
                               lora.replay, pad_of(tokenizer), seed * 100_003 + t)
         model, _ = adapt_lora(model, layers, windows, lora, seed * 100_003 + t)
-        immediate += qa_accuracy(model, tokenizer, ctx.questions, "em") / len(stream)
-    final = AccuracyMatrix(stream)
-    final.add_row(model, tokenizer, len(stream) - 1)
-    last = final.em[-1][:-1]
-    return SweepResult({}, immediate, sum(last) / max(1, len(last)), final.legal[-1] or 0.0,
-                       round(time.time() - t0, 1), [list(x) for x in layer_sets])
+        mat.add_row(model, tokenizer, t, full=False)     # the last row is full
+    s = mat.summary()
+    return SweepResult({}, s["em"]["immediate"], s["em"]["retention"] or 0.0,
+                       mat.legal[-1] or 0.0, round(time.time() - t0, 1),
+                       [list(x) for x in layer_sets], s["mc"]["immediate"], s["mc"]["retention"])
 
 
 def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -> dict:
@@ -129,8 +135,10 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     base, tok, stream = evaluation_stream(cfg)
     n = num_layers_of(base)
     rng = random.Random(sweep.seed)
-    layer_sets = [tuple(sorted(rng.sample(range(n), rng.randint(1, sweep.max_layers))))
-                  for _ in stream]
+    if sweep.layers not in ("random", "last"):
+        raise PlasticError(f"sweep layers must be 'random' or 'last', not {sweep.layers!r}")
+    layer_sets = ([tuple(sorted(rng.sample(range(n), rng.randint(1, sweep.max_layers))))
+                   for _ in stream] if sweep.layers == "random" else [(n - 1,)] * len(stream))
     untouched = AccuracyMatrix(stream)
     untouched.add_row(base, tok, len(stream) - 1)
     base_legal = untouched.legal[-1] or 0.0
@@ -144,13 +152,16 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
         r.setting = setting
         results.append(r)
         if progress:
-            log.info("sweep %s: immediate %.1f%%, retention %.1f%%, legal %.0f%% (untouched "
-                     "%.0f%%)", setting, 100 * r.immediate, 100 * r.retention,
+            log.info("sweep %s: immediate %.1f%% (MC %.1f%%), retention %.1f%% (MC %.1f%%), "
+                     "legal %.0f%% (untouched %.0f%%)", setting, 100 * r.immediate,
+                     100 * (r.immediate_mc or 0), 100 * r.retention, 100 * (r.retention_mc or 0),
                      100 * r.legal_final, 100 * base_legal)
     ok = [r for r in results if r.legal_final >= sweep.keep_legal * base_legal]
     best = max(ok, key=lambda r: (r.immediate, r.retention)) if ok else None
     report = {"sweep": asdict(sweep), "contexts": len(stream), "layer_sets": layer_sets,
-              "untouched": {"legal": base_legal, "em": untouched.summary()["em"]["final_all"]},
+              "untouched": {"legal": base_legal, "em": untouched.summary()["em"]["final_all"],
+                            "mc": untouched.summary()["mc"]["final_all"],
+                            "mc_chance": untouched.mc_chance},
               "results": [asdict(r) for r in results],
               "recommended": best.setting if best else None}
     (out / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -161,16 +172,26 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
 def sweep_markdown(report: dict) -> str:
     """The sweep as a table, the kept settings marked, the recommended one named."""
     keep = report["sweep"]["keep_legal"] * report["untouched"]["legal"]
-    lines = [f"Inner-update sweep on {report['contexts']} evaluation contexts (random layers of "
-             f"1..{report['sweep']['max_layers']} per context, the same for every setting). "
-             f"Untouched model: legal answers {100 * report['untouched']['legal']:.0f}%, "
-             f"EM {100 * (report['untouched']['em'] or 0):.1f}%.", "",
+    u = report["untouched"]
+    where = (f"random layers of 1..{report['sweep']['max_layers']} per context, the same for "
+             "every setting" if report["sweep"].get("layers", "random") == "random"
+             else "the last layer for every context")
+    lines = [f"Inner-update sweep on {report['contexts']} evaluation contexts ({where}). "
+             f"Untouched model: legal answers {100 * u['legal']:.0f}%, EM "
+             f"{100 * (u['em'] or 0):.1f}%" + (
+                 f", closed-set MC {100 * u['mc']:.1f}% (chance {100 * u['mc_chance']:.1f}%)"
+                 if u.get("mc") is not None else "") + ".", "",
              "| modules | steps | lr | rank | replay | immediate EM | retention EM | "
-             "legal answers after the stream | kept |", "|---|---|---|---|---|---|---|---|---|"]
+             "immediate MC | retention MC | legal answers after the stream | kept |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(x) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
     for r in report["results"]:
         s = r["setting"]
         lines.append(f"| {s['modules']} | {s['steps']} | {s['lr']:g} | {s['rank']} | "
-                     f"{s['replay']} | {100 * r['immediate']:.1f}% | {100 * r['retention']:.1f}% "
+                     f"{s['replay']} | {pct(r['immediate'])} | {pct(r['retention'])} | "
+                     f"{pct(r.get('immediate_mc'))} | {pct(r.get('retention_mc'))} "
                      f"| {100 * r['legal_final']:.0f}% | "
                      f"{'yes' if r['legal_final'] >= keep else 'no'} |")
     rec = report["recommended"]

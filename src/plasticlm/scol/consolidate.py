@@ -18,10 +18,12 @@ from peft import LoraConfig, get_peft_model
 from plasticlm.errors import PlasticError
 
 # The inner update's defaults come from `plasticlm scol experiment sweep` on the sandbox v2
-# receiver (bench/results/scol_sweep_v2.md): the best acquisition among the settings that
-# keep >= 90% of the untouched model's legal-answer rate after a 24-context stream. The
-# previous default (every module, lr 3e-3) left 7% of answers legal.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# receiver (bench/results/scol_sweep_v2_mlp.md): the best acquisition among the settings
+# that keep >= 90% of the untouched model's legal-answer rate after a 24-context stream. A
+# single-layer update of the attention projections writes almost nothing a question can read
+# (bench/results/scol_depth.md); one of the MLP does, and without generic replay a stream of
+# such updates breaks the model (legal answers 57% -> 0-18% at lr >= 3e-3).
+DEFAULT_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -35,7 +37,9 @@ class LoraTrainConfig:
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
     max_tokens: int = 256       # longer contexts are cut into windows of this many tokens
     grad_clip: float = 1.0
-    replay: int = 0             # windows of generic text trained beside each context (0: none)
+    # windows of generic text trained beside each context (0: none; where the data has no
+    # generic corpus, as with a real SQuAD file, there is nothing to replay)
+    replay: int = 4
 
 
 def num_layers_of(model) -> int:

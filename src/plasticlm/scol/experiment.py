@@ -55,10 +55,15 @@ def _consolidating(selection: str, policy: str | None = None, layers=None) -> Ca
         start = policies.get(policy, base) if policy else base
         _, records, _ = consolidate_stream(
             copy.deepcopy(start), tokenizer, stream, copy.deepcopy(cfg.scol), selection,
-            on_commit=lambda t, model: mat.add_row(model, tokenizer, t), desc=name,
+            on_commit=lambda t, model: mat.add_row(model, tokenizer, t, full=_full_row(t, cfg)),
+            desc=name,
             layers=layers(base, policies) if layers else None, replay=replay)
         return records
     return run
+
+
+def _full_row(t: int, cfg: ExperimentConfig) -> bool:
+    return (t + 1) % cfg.full_rows_every == 0
 
 
 def _batch_ttt(name, mat, base, policies, tokenizer, stream, cfg, replay):
@@ -75,12 +80,13 @@ def _batch_ttt(name, mat, base, policies, tokenizer, stream, cfg, replay):
 def _prompting(name, mat, base, policies, tokenizer, stream, cfg, replay):
     for t in range(len(stream)):
         mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
-                                                          cfg.prompt_tokens))
+                                                          cfg.prompt_tokens),
+                    full=_full_row(t, cfg))
 
 
 def _summarisation(name, mat, base, policies, tokenizer, stream, cfg, replay):
     for t, note in enumerate(running_summaries(base, tokenizer, stream)):
-        mat.add_row(base, tokenizer, t, note + "\n" if note else "")
+        mat.add_row(base, tokenizer, t, note + "\n" if note else "", full=_full_row(t, cfg))
 
 
 # Each method fills an accuracy matrix over the evaluation stream; those that commit

@@ -14,7 +14,13 @@ from plasticlm.scol.rewards import Question, qa_answers, qa_prompt
 
 
 class AccuracyMatrix:
-    """Lower-triangular closed-book QA scores: ``em[r][i]``, ``f1[r][i]`` for i <= r."""
+    """Lower-triangular closed-book QA scores: ``em[r][i]``, ``f1[r][i]`` for i <= r.
+
+    A row may be partial (:meth:`add_row` with ``full=False``): only its newest context is
+    asked and the earlier entries are None. Long streams ask every row's newest context (the
+    immediate accuracy) but the earlier ones only in some rows: the cost of a full matrix
+    grows with the square of the stream's length.
+    """
 
     def __init__(self, contexts: Sequence[Context]):
         self.contexts = list(contexts)
@@ -30,11 +36,15 @@ class AccuracyMatrix:
         self.mc_last: list[float] = []
         self.mc_chance: float | None = None
 
-    def add_row(self, model, tokenizer, upto: int, prefix: str = "") -> None:
+    def add_row(self, model, tokenizer, upto: int, prefix: str = "", full: bool = True) -> None:
+        """Row ``upto`` (after ``upto + 1`` commits): every context 0..upto, or with ``full``
+        False its newest context alone. The stream's last row is always full."""
+        full = full or upto == len(self.contexts) - 1
         qs, owner = [], []
         for i, c in enumerate(self.contexts[: upto + 1]):
-            qs += c.questions
-            owner += [i] * len(c.questions)
+            if full or i == upto:
+                qs += c.questions
+                owner += [i] * len(c.questions)
         preds = qa_answers(model, tokenizer, qs, prefix)
         scores = [squad_score(p, list(q.answers)) for p, q in zip(preds, qs)]
         closed = [(p, q.legal) for p, q in zip(preds, qs) if q.legal]
@@ -55,8 +65,9 @@ class AccuracyMatrix:
             if last:
                 self.swap_last = [mean_of(j) for j in range(upto + 1)]
         self._closed_set(model, tokenizer, upto, owner, qs, last, prefix)
-        em_row, f1_row = [], []
-        for i in range(upto + 1):
+        em_row: list[float | None] = [None] * upto if not full else []
+        f1_row: list[float | None] = [None] * upto if not full else []
+        for i in range(0 if full else upto, upto + 1):
             mine = [s for s, o in zip(scores, owner) if o == i]
             em_row.append(sum(s[0] for s in mine) / max(1, len(mine)))
             f1_row.append(sum(s[1] for s in mine) / max(1, len(mine)))
@@ -83,14 +94,23 @@ class AccuracyMatrix:
             self.mc_last = [mean_of(j) for j in range(upto + 1)]
             self.mc_chance = res.chance_accuracy
 
+    def full_rows(self) -> list[int]:
+        """The indices of the rows asked about every context."""
+        return [r for r, row in enumerate(self.em) if None not in row]
+
     def summary(self) -> dict:
+        def mean(xs) -> float | None:
+            return sum(xs) / len(xs) if xs else None
+
         def stats(m: list[list[float]]) -> dict:
             diag = [row[i] for i, row in enumerate(m) if i < len(row)]
             last = m[-1] if m else []
             return {"immediate": sum(diag) / len(diag) if diag else None,
                     "retention": (sum(last[:-1]) / (len(last) - 1)) if len(last) > 1 else None,
                     "final_all": sum(last) / len(last) if last else None}
-        return {"em": stats(self.em), "f1": stats(self.f1), "matrix_em": self.em,
+        mc = {"immediate": mean(self.mc_diag), "retention": mean(self.mc_last[:-1]),
+              "final_all": mean(self.mc_last)}
+        return {"em": stats(self.em), "f1": stats(self.f1), "mc": mc, "matrix_em": self.em,
                 "matrix_f1": self.f1, "legal": self.legal,
                 "legal_final": self.legal[-1] if self.legal else None,
                 "swap_diag": self.swap_diag, "swap_last": self.swap_last,

@@ -39,6 +39,10 @@ class ExperimentConfig:
     train_streams: int = 4
     stream_length: int = 6
     eval_length: int = 24
+    # Every n-th row of the accuracy matrix (and the last) asks about every earlier context;
+    # the others ask only their newest one (immediate accuracy). 1 = the full matrix, whose
+    # cost grows with the square of eval_length.
+    full_rows_every: int = 1
     methods: tuple[str, ...] = METHODS
     lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
     prompt_tokens: int = 384       # in-context baselines' budget
@@ -51,7 +55,8 @@ class ExperimentConfig:
     seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
 
     def __post_init__(self):
-        require_positive(self, "eval_length", "seeds", "prompt_tokens", "chunk_tokens",
+        require_positive(self, "eval_length", "full_rows_every", "seeds", "prompt_tokens",
+                         "chunk_tokens",
                          "max_chunks", "long_max_chunks", "threads")
 
 
