@@ -26,7 +26,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Settings: the inner update's default and a stronger MLP update (bench/results/scol_sweep*).
+# Settings: the inner update's previous default and a stronger MLP update (bench/results/scol_sweep*).
 SETTINGS = {
     "attention, lr 1e-3, 12 steps": {"target_modules": ("q_proj", "k_proj", "v_proj", "o_proj"),
                                      "lr": 1e-3, "steps": 12},

@@ -69,7 +69,7 @@ def _train(args) -> int:
     from plasticlm.data.squad import load_squad
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.meta import meta_train
-    from plasticlm.scol.setup import load_model, resolve_world_file
+    from plasticlm.scol.setup import load_model, replay_pool, resolve_world_file
 
     cfg = _config(args)
     model, tok = load_model(cfg)
@@ -77,7 +77,7 @@ def _train(args) -> int:
     train, _ = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
                              cfg.seed)
     meta_train(model, tok, train, copy.deepcopy(cfg.scol), args.out, resume=args.resume,
-               progress=not args.no_progress)
+               progress=not args.no_progress, replay=replay_pool(cfg, tok))
     print(f"policy checkpoint: {args.out}/checkpoint (metrics: {args.out}/metrics.jsonl)")
     return 0
 
@@ -99,7 +99,7 @@ def _run(args) -> int:
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.matrix import AccuracyMatrix
     from plasticlm.scol.meta import consolidate_stream
-    from plasticlm.scol.setup import load_model, resolve_world_file
+    from plasticlm.scol.setup import load_model, replay_pool, resolve_world_file
 
     cfg = _config(args)
     _check_policy(args.policy)
@@ -111,7 +111,8 @@ def _run(args) -> int:
     mat = AccuracyMatrix(stream)
     model, records, _ = consolidate_stream(
         policy, tok, stream, cfg.scol, "greedy",
-        on_commit=lambda t, m: mat.add_row(m, tok, t), progress=not args.no_progress)
+        on_commit=lambda t, m: mat.add_row(m, tok, t), progress=not args.no_progress,
+        replay=replay_pool(cfg, tok))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = mat.summary()

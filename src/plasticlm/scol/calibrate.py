@@ -73,6 +73,10 @@ class SweepConfig:
     keep_legal: float = 0.9      # a setting must keep this share of the untouched legal rate
     seed: int = 0
 
+    def __post_init__(self):
+        if self.layers not in ("random", "last"):
+            raise PlasticError(f"sweep layers must be 'random' or 'last', not {self.layers!r}")
+
     def settings(self) -> list[dict]:
         return [{"modules": m, "steps": s, "lr": lr, "rank": r, "replay": rp}
                 for m, s, lr, r, rp in itertools.product(self.modules, self.steps, self.lr,
@@ -135,8 +139,6 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     base, tok, stream = evaluation_stream(cfg)
     n = num_layers_of(base)
     rng = random.Random(sweep.seed)
-    if sweep.layers not in ("random", "last"):
-        raise PlasticError(f"sweep layers must be 'random' or 'last', not {sweep.layers!r}")
     layer_sets = ([tuple(sorted(rng.sample(range(n), rng.randint(1, sweep.max_layers))))
                    for _ in stream] if sweep.layers == "random" else [(n - 1,)] * len(stream))
     untouched = AccuracyMatrix(stream)
@@ -212,16 +214,18 @@ def oracle_gate(cfg, out: str | Path, max_layers: int = 1, progress: bool = True
     base, tok, stream = evaluation_stream(cfg)
     n = num_layers_of(base)
     actions = [a for k in range(1, max_layers + 1) for a in itertools.combinations(range(n), k)]
+    pool = replay_pool(cfg, tok)
     metric = cfg.scol.qa_metric
     scores = {0: [], 1: []}    # LoRA seed -> [context][action]
     bar = tqdm(total=2 * len(stream) * len(actions), desc="oracle gate", disable=not progress)
     for t, ctx in enumerate(stream):
-        windows = context_windows(tok, ctx.text, cfg.scol.lora.max_tokens)
         for lora_seed in scores:
+            seed = lora_seed * 1_000_003 + t
+            windows = with_replay(context_windows(tok, ctx.text, cfg.scol.lora.max_tokens), pool,
+                                  cfg.scol.lora.replay, pad_of(tok), seed)
             row = []
             for a in actions:
-                adapted, _ = adapt_lora(base, a, windows, cfg.scol.lora,
-                                        lora_seed * 1_000_003 + t)
+                adapted, _ = adapt_lora(base, a, windows, cfg.scol.lora, seed)
                 row.append(qa_accuracy(adapted, tok, ctx.questions, metric))
                 bar.update()
             scores[lora_seed].append(row)

@@ -21,8 +21,8 @@ from plasticlm.errors import PlasticError
 # receiver (bench/results/scol_sweep_v2_mlp.md): the best acquisition among the settings
 # that keep >= 90% of the untouched model's legal-answer rate after a 24-context stream. A
 # single-layer update of the attention projections writes almost nothing a question can read
-# (bench/results/scol_depth.md); one of the MLP does, and without generic replay a stream of
-# such updates breaks the model (legal answers 57% -> 0-18% at lr >= 3e-3).
+# (bench/results/scol_depth.md); one of the MLP does (lr 3e-3, 30 steps), and without generic
+# replay a stream of such updates breaks the model (legal answers 58% -> 0-18% at lr >= 3e-3).
 DEFAULT_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 

@@ -48,8 +48,9 @@ class AccuracyMatrix:
         preds = qa_answers(model, tokenizer, qs, prefix)
         scores = [squad_score(p, list(q.answers)) for p, q in zip(preds, qs)]
         closed = [(p, q.legal) for p, q in zip(preds, qs) if q.legal]
+        # a partial row's few answers are another population: no legal rate for it
         self.legal.append(sum(is_legal(p, v) for p, v in closed) / len(closed)
-                          if closed else None)
+                          if closed and full else None)
         last = upto == len(self.contexts) - 1
         swapped = [(i, q) for i, q in zip(owner, qs) if q.swapped and (last or i == upto)]
         if swapped:
