@@ -28,10 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Settings: the inner update's previous default and a stronger MLP update (bench/results/scol_sweep*).
 SETTINGS = {
-    "attention, lr 1e-3, 12 steps": {"target_modules": ("q_proj", "k_proj", "v_proj", "o_proj"),
-                                     "lr": 1e-3, "steps": 12},
-    "MLP, lr 3e-3, 30 steps": {"target_modules": ("gate_proj", "up_proj", "down_proj"),
-                               "lr": 3e-3, "steps": 30},
+    "attention, lr 1e-3, 12 steps": {"modules": "attention", "lr": 1e-3, "steps": 12},
+    "MLP, lr 3e-3, 30 steps": {"modules": "mlp", "lr": 3e-3, "steps": 30},
 }
 FORMS = ("verbatim", "paraphrase", "question")
 
@@ -120,7 +118,7 @@ def main() -> None:
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
-    from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, context_windows
+    from plasticlm.scol.consolidate import MODULES, LoraTrainConfig, adapt_lora, context_windows
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -134,7 +132,8 @@ def main() -> None:
         f: untouched[f] for f in FORMS}}]
     passages = list(dict.fromkeys(it["passage"] for it in items))
     for name, setting in SETTINGS.items():
-        lora = LoraTrainConfig(**setting)
+        lora = LoraTrainConfig(target_modules=MODULES[setting["modules"]], lr=setting["lr"],
+                               steps=setting["steps"], replay=0)
         for layers in [[i] for i in range(n_layers)] + [list(range(n_layers))]:
             per = {f: [] for f in FORMS}
             for k, text in enumerate(passages):

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from plasticlm.data.squad import load_squad
 from plasticlm.errors import PlasticError
 from plasticlm.scol.consolidate import (
+    MODULES,
     LoraTrainConfig,
     adapt_lora,
     context_windows,
@@ -53,10 +54,6 @@ from plasticlm.scol.rewards import qa_accuracy
 from plasticlm.scol.setup import legal_sets, load_model, replay_pool, resolve_world_file
 
 log = logging.getLogger("plasticlm.scol")
-
-MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
-           "mlp": ("gate_proj", "up_proj", "down_proj"),
-           "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
 
 
 @dataclass
@@ -144,6 +141,7 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     untouched = AccuracyMatrix(stream)
     untouched.add_row(base, tok, len(stream) - 1)
     base_legal = untouched.legal[-1] or 0.0
+    base_summary = untouched.summary()
     with_pool = copy.deepcopy(cfg)
     with_pool.scol.lora.replay = max(sweep.replay)
     pool = replay_pool(with_pool, tok)
@@ -161,8 +159,8 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     ok = [r for r in results if r.legal_final >= sweep.keep_legal * base_legal]
     best = max(ok, key=lambda r: (r.immediate, r.retention)) if ok else None
     report = {"sweep": asdict(sweep), "contexts": len(stream), "layer_sets": layer_sets,
-              "untouched": {"legal": base_legal, "em": untouched.summary()["em"]["final_all"],
-                            "mc": untouched.summary()["mc"]["final_all"],
+              "untouched": {"legal": base_legal, "em": base_summary["em"]["final_all"],
+                            "mc": base_summary["mc"]["final_all"],
                             "mc_chance": untouched.mc_chance},
               "results": [asdict(r) for r in results],
               "recommended": best.setting if best else None}
@@ -219,10 +217,10 @@ def oracle_gate(cfg, out: str | Path, max_layers: int = 1, progress: bool = True
     scores = {0: [], 1: []}    # LoRA seed -> [context][action]
     bar = tqdm(total=2 * len(stream) * len(actions), desc="oracle gate", disable=not progress)
     for t, ctx in enumerate(stream):
+        own = context_windows(tok, ctx.text, cfg.scol.lora.max_tokens)
         for lora_seed in scores:
             seed = lora_seed * 1_000_003 + t
-            windows = with_replay(context_windows(tok, ctx.text, cfg.scol.lora.max_tokens), pool,
-                                  cfg.scol.lora.replay, pad_of(tok), seed)
+            windows = with_replay(own, pool, cfg.scol.lora.replay, pad_of(tok), seed)
             row = []
             for a in actions:
                 adapted, _ = adapt_lora(base, a, windows, cfg.scol.lora, seed)

@@ -23,7 +23,11 @@ from plasticlm.errors import PlasticError
 # single-layer update of the attention projections writes almost nothing a question can read
 # (bench/results/scol_depth.md); one of the MLP does (lr 3e-3, 30 steps), and without generic
 # replay a stream of such updates breaks the model (legal answers 58% -> 0-18% at lr >= 3e-3).
-DEFAULT_TARGETS = ("gate_proj", "up_proj", "down_proj")
+# The projections a LoRA update can target, by unit (names of Llama/Qwen2/Qwen3 modules).
+MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+           "mlp": ("gate_proj", "up_proj", "down_proj"),
+           "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+DEFAULT_TARGETS = MODULES["mlp"]
 
 
 @dataclass
