@@ -1,5 +1,5 @@
-"""Open-book items and client streams: the evidence is in the context, far from the question,
-and every question is asked only after its evidence."""
+"""Open-book items, client streams and long items: the evidence is in the context, far from
+the question, and every question is asked only after its evidence."""
 
 import pytest
 
@@ -10,6 +10,7 @@ from plasticlm.sandbox import (
     generate_world,
     load_client_streams,
     load_openbook,
+    long_items,
     openbook_items,
     write_world_tasks,
 )
@@ -64,3 +65,24 @@ def test_tasks_round_trip(world, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"id": 1}\n')
     with pytest.raises(PlasticError, match="line 1"):
         load_openbook(tmp_path / "bad.jsonl")
+
+
+def test_long_items_hide_their_evidence_at_each_length(world):
+    """Any number of items per regime from the same world: each holds its entity's whole
+    passage, which states the right choice; the other choices are other legal values of the
+    attribute; every regime reaches its word count; the same seed draws the same items."""
+    items = long_items(world, 5, seed=2)
+    assert [it.length for it in items] == ["short"] * 5 + ["medium"] * 5 + ["long"] * 5
+    passages = {p.title: p.context for p in world.passages}
+    target = dict(zip(("short", "medium", "long"), world.config.longbench_words))
+    for it in items:
+        name = next(t for t in passages if t in it.question)
+        right = it.choices["ABCD".index(it.answer)]
+        assert passages[name] in it.context and right in passages[name]
+        attribute = next(a for a in world.domain(it.domain).attributes if a.name == it.sub_domain)
+        assert attribute.closed and set(it.choices) <= set(attribute.values)
+        assert len(set(it.choices)) == 4
+        assert len(it.context.split()) >= target[it.length]
+    assert long_items(world, 5, seed=2) == items and long_items(world, 5, seed=3) != items
+    with pytest.raises(PlasticError, match="per_length"):
+        long_items(world, 0)

@@ -296,6 +296,50 @@ def test_real_squad_file_makes_streams(shared_data):
         split_streams(ctxs, 10, 20, 100)
 
 
+def test_longbench_experiment_runs_on_items_drawn_from_the_world(tmp_path):
+    """``longbench_per_length`` draws that many items per regime from the preset's world;
+    the experiment meta-trains on at most one short item per outer step, evaluates the rest,
+    and every evaluated stream holds its evidence chunk."""
+    from dataclasses import replace
+
+    from plasticlm.scol.longbench import run_longbench
+    from plasticlm.scol.setup import longbench_items, quick_config
+
+    cfg = replace(quick_config(), longbench_per_length=4, chunk_tokens=48)
+    assert cfg.scol.outer_steps == 1
+    items = longbench_items(cfg)
+    assert [it.length for it in items].count("short") == 4 and len(items) == 12
+    report = run_longbench(cfg, tmp_path, progress=False)
+    short, long = report["regimes"]["short"], report["regimes"]["long"]
+    # one outer step trains on one short item (half of them would be 2): 3 are evaluated
+    assert short["scol"]["n"] == 3 and long["scol"]["n"] == 8
+    assert short["evidence_located"] == 3 and long["evidence_located"] == 8
+    assert {"scol", "sequential_ft", "base"} <= set(long)
+    for r in (short, long):
+        assert r["scol"]["ci"]["low"] <= r["scol"]["accuracy"] <= r["scol"]["ci"]["high"]
+        assert r["scol_minus_base"]["mean"] == pytest.approx(
+            r["scol"]["accuracy"] - r["base"]["accuracy"])
+    table = (tmp_path / "longbench.md").read_text()
+    assert "| short | 3 |" in table and "| long | 8 |" in table
+    with pytest.raises(PlasticError, match="longbench_per_length"):
+        replace(quick_config(), longbench_per_length=-1)
+    with pytest.raises(PlasticError, match="longbench_per_length"):
+        replace(quick_config(), longbench_per_length=2, longbench="items.json")
+
+
+def test_an_answer_cut_by_a_chunk_boundary_is_still_evidence():
+    """When no chunk holds the answer whole, the two chunks a boundary cuts it between are
+    the evidence, and the window keeps both."""
+    from plasticlm.scol.contexts import Context, evidence_chunks, evidence_window
+
+    chunks = [Context(f"c{i}", t) for i, t in enumerate(
+        ["Filler words here.", "Velizole is made by Orv", "ane Labs. More filler.", "End."])]
+    assert evidence_chunks(chunks, "Which company makes Velizole?", "Orvane Labs") == [1, 2]
+    window, found = evidence_window(chunks, "Which company makes Velizole?", "Orvane Labs", 2)
+    assert found and window == chunks[1:3]
+    assert evidence_chunks(chunks, "Which company makes Velizole?", "Keltis Pharma") == []
+
+
 def test_longbench_streams_contain_their_evidence_chunk():
     """Every long item of the quick world, cut into the long regime's number of chunks,
     keeps the chunk that states its answer; keeping the document's tail (the old rule)
@@ -345,6 +389,57 @@ def test_retention_never_counts_the_last_context():
     assert pooled["scol"]["mc_retention"]["mean"] == 0.0
     assert pooled["scol"]["mc_retention_minus_base"]["mean"] == -0.5
     assert pooled["scol"]["mc_retention_minus_fixed_last"]["mean"] == -0.5
+
+
+def test_a_finished_seed_is_reused_across_settings_added_at_their_defaults():
+    """A seed run before a setting existed is the same run when the setting is at its default
+    (which reproduces the old behaviour), and a different run when it is not."""
+    from dataclasses import asdict, replace
+
+    from plasticlm.scol.experiment import same_config
+    from plasticlm.scol.setup import ExperimentConfig
+
+    cfg = ExperimentConfig(eval_length=30, methods=("scol", "fixed_last"))
+    stored = json.loads(json.dumps(asdict(cfg)))
+    del stored["held_out_pairs"], stored["scol"]["forget_from"]
+    assert same_config(stored, cfg)
+    assert not same_config(stored, replace(cfg, held_out_pairs=False))
+    assert not same_config(stored, replace(cfg, scol=replace(cfg.scol, forget_from="all")))
+    assert not same_config({**stored, "eval_length": 24}, cfg)
+    assert not same_config(None, cfg)
+
+
+def test_swapped_gain_is_measured_against_the_untouched_models_swapped_answers():
+    """The entity-swap control nets out what the untouched model already answers about the
+    unseen entity: a method whose swapped answers equal the untouched model's has no
+    entity-independent gain, whatever its raw swapped accuracy; one that answers the swapped
+    questions as well as its own has all of its gain independent of the entity."""
+    from plasticlm.scol.report import seeds_markdown, summarise_seeds
+
+    imm = [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]
+    # uneven per-context values: a pairing off by one context gives a non-zero interval
+    base_swap = [0.0, 0.5, 1.0]
+    report = {"methods": {"scol": {"matrix_em": imm, "swap_diag": list(base_swap),
+                                   "swap_last": list(base_swap)},
+                          "fixed_last": {"matrix_em": imm, "swap_diag": [1.0, 1.0, 1.0],
+                                         "swap_last": [1.0, 1.0, 1.0]}},
+              "base_matrix_em": [[0.0, 0.0, 0.0]], "base_swap_last": base_swap}
+    pooled = summarise_seeds([report, report])
+    assert pooled["scol"]["immediate_swapped"]["mean"] == 0.5
+    assert pooled["scol"]["immediate_minus_base"]["mean"] == 1.0
+    gain = pooled["scol"]["immediate_swapped_minus_base"]
+    assert (gain["mean"], gain["low"], gain["high"]) == (0.0, 0.0, 0.0)
+    assert pooled["fixed_last"]["immediate_swapped_minus_base"]["mean"] == 0.5
+    # retention: the last row's swapped answers against the untouched model's, last excluded
+    assert pooled["scol"]["retention_swapped_minus_base"]["mean"] == 0.0
+    assert pooled["fixed_last"]["retention_swapped_minus_base"]["mean"] == 0.75
+    table = seeds_markdown({"seeds": [0, 1], "summary": pooled})
+    assert "| 0% |" in table and "| 50% |" in table
+    # runs from before the untouched model's swapped answers were kept: no entry, no table
+    old = {**report, "base_swap_last": None}
+    pooled = summarise_seeds([old, old])
+    assert "immediate_swapped_minus_base" not in pooled["scol"]
+    assert "Where the immediate gain" not in seeds_markdown({"seeds": [0, 1], "summary": pooled})
 
 
 def test_sandbox_questions_carry_their_legal_answer_sets():
@@ -488,6 +583,44 @@ def test_supervised_reward_measures_forgetting_of_earlier_contexts(tiny):
     hurt = probe(model)
     assert hurt.forgetting == pytest.approx(1.0 - after) and hurt.forgetting > 0.5
     assert hurt.total == pytest.approx(hurt.acquisition - cfg.lam * hurt.forgetting)
+
+
+def test_forgetting_can_be_measured_over_the_whole_stream():
+    """``forget_from="all"`` draws the window from every earlier context, so damage to a long
+    stream's first contexts is in the reward; "recent" keeps the last ``forget_window``."""
+    from plasticlm.scol.rewards import earlier_contexts
+
+    stream = list(range(40))
+    assert earlier_contexts(stream, 30, 4) == [26, 27, 28, 29]
+    assert earlier_contexts(stream, 2, 4, "all") == [0, 1]
+    drawn = [earlier_contexts(stream, t, 4, "all", seed=0) for t in range(5, 40)]
+    assert all(len(d) == 4 and d == sorted(d) and len(set(d)) == 4 for d in drawn)
+    assert all(max(d) < t for d, t in zip(drawn, range(5, 40)))
+    assert any(min(d) < t - 4 for d, t in zip(drawn, range(5, 40)))
+    assert earlier_contexts(stream, 30, 4, "all", seed=0) == \
+        earlier_contexts(stream, 30, 4, "all", seed=0)
+    with pytest.raises(PlasticError, match="forget_from"):
+        SCoLConfig(forget_from="oldest").check()
+    with pytest.raises(PlasticError, match="forget_from"):
+        earlier_contexts(stream, 30, 4, "oldest")
+
+
+def test_the_reward_checks_the_earlier_contexts_forget_from_names(tiny):
+    """The reward probe asks the questions of the contexts ``forget_from`` names: the last
+    ``forget_window`` by default, a draw from the whole stream with "all"."""
+    from plasticlm.scol.rewards import RewardProbe, earlier_contexts
+
+    model, tok, _, _ = tiny
+    stream = _stream(tiny, 6)
+    recent = RewardProbe(model, tok, stream, 5, SCoLConfig(forget_window=2))
+    assert recent.earlier == stream[3:5]
+    cfg = SCoLConfig(forget_window=2, forget_from="all")
+    drawn = RewardProbe(model, tok, stream, 5, cfg)
+    assert drawn.earlier == earlier_contexts(stream, 5, 2, "all", f"0:{stream[0].id}")
+    assert any(RewardProbe(model, tok, stream, 5, SCoLConfig(forget_window=2, forget_from="all",
+                                                             seed=s)).earlier != recent.earlier
+               for s in range(4))
+    assert drawn.earlier_q == [q for c in drawn.earlier for q in c.questions]
 
 
 def test_the_policy_that_chooses_is_the_running_model(tiny, monkeypatch):

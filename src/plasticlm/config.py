@@ -158,10 +158,11 @@ def preset_path(method: str, name: str) -> Path:
     return path
 
 
-def _merge(into: dict, new: dict) -> dict:
+def deep_update(into: dict, new: dict) -> dict:
+    """``into`` updated in place by ``new``, nested tables key by key; returns ``into``."""
     for k, v in new.items():
         if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
+            deep_update(into[k], v)
         else:
             into[k] = v
     return into
@@ -174,7 +175,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     data: dict = {}
     for file in (preset, path):
         if file:
-            _merge(data, read_config_file(file))
+            deep_update(data, read_config_file(file))
     for item in overrides:
         if "=" not in item:
             raise PlasticError(f"override {item!r} is not of the form key=value")

@@ -161,7 +161,7 @@ def _experiment(args) -> int:
         print(json.dumps({k: report[k] for k in ("recall_selected", "recall_random",
                                                  "layer_histogram", "mean_fisher")}))
     else:
-        report = run_longbench(cfg, out, progress=progress)
-        print(json.dumps(report["regimes"]))
+        run_longbench(cfg, out, progress=progress)
+        print((Path(out) / "longbench.md").read_text())
     print(f"report: {write_report(out)[0]}")
     return 0

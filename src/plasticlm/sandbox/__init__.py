@@ -40,6 +40,7 @@ from plasticlm.sandbox.tasks import (
     client_stream,
     load_client_streams,
     load_openbook,
+    long_items,
     openbook_items,
     write_world_tasks,
 )
@@ -54,6 +55,6 @@ __all__ = [
     "probe_table", "reading_drill_batch", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
     "sandbox_preset_of", "sandbox_world", "teach_facts", "train_drills",
     "OpenBookItem", "StreamSegment", "WORLD_CLIENT_DOMAIN", "World", "WorldConfig", "client_stream",
-    "generate_world", "load_client_streams", "load_openbook", "openbook_items", "read_world_index",
+    "generate_world", "load_client_streams", "load_openbook", "long_items", "openbook_items", "read_world_index",
     "write_world", "write_world_tasks",
 ]

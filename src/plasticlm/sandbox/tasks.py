@@ -5,8 +5,10 @@
 - **Client streams**: per domain, one long stream of that domain's passages with questions
   about entities introduced earlier interleaved later (never reset): the setting of a
   private memory that builds over a client's context.
+- **Long items**: LongBench-v2-format documents, as many per length regime as asked, each
+  hiding one unseen entity's passage among other passages and biographies.
 
-Both are JSON lines and deterministic by seed.
+Open-book items and client streams are JSON lines; everything is deterministic by seed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from plasticlm.data.jsonl import read_jsonl
+from plasticlm.data.records import LETTERS, LongItem
 from plasticlm.errors import PlasticError
 from plasticlm.eval.prompts import qa_prompt
 from plasticlm.sandbox.domains import person_name
@@ -102,6 +105,42 @@ def openbook_items(world: World, filler_words: tuple[int, int] = (40, 80),
             items.append(OpenBookItem(f"{e.id}.{a.name}", e.domain, e.name, a.name, a.closed,
                                       passage + "\n" + filler_text(n, rng),
                                       a.question.format(e=e.name), choices, answer, n))
+    return items
+
+
+def long_items(world: World, per_length: int, seed: int = 0) -> list[LongItem]:
+    """``per_length`` LongBench-v2-format items per regime of ``world.config.longbench_words``
+    (short, medium, long): an unseen entity's passage shuffled among other unseen entities'
+    passages and core entities' validation biographies up to the regime's word count, with a
+    four-choice question about one of its closed attributes. The world file holds
+    ``longbench_per_length`` items; this draws any number from the same world, unchanged."""
+    if per_length < 1:
+        raise PlasticError(f"per_length must be >= 1, not {per_length}")
+    rng = random.Random(f"long-items:{seed}")
+    unseen = {e.name: e for e in world.entities if e.role == "unseen"}
+    passages = [p for p in world.passages if p.title in unseen]
+    if len(passages) < 2 or not world.valid_docs:
+        raise PlasticError("the world needs unseen passages and validation biographies to "
+                           "build long items")
+    items = []
+    for length, words in zip(("short", "medium", "long"), world.config.longbench_words):
+        for i in range(per_length):
+            target = rng.choice(passages)
+            e = unseen[target.title]
+            a = rng.choice(world.domain(e.domain).closed_attributes)
+            pieces, total = [target.context], len(target.context.split())
+            while total < words:
+                other = rng.choice(passages)
+                piece = (other.context if rng.random() < 0.3 and other is not target
+                         else rng.choice(world.valid_docs))
+                pieces.append(piece)
+                total += len(piece.split())
+            rng.shuffle(pieces)
+            choices, answer = _choices(world, e.domain, a.name, e.attributes[a.name], rng)
+            items.append(LongItem(f"long-{length}-{seed}-{i}", e.domain, a.name,
+                                  "easy" if length == "short" else "hard", length,
+                                  a.question.format(e=e.name), choices, LETTERS[answer],
+                                  "\n\n".join(pieces)))
     return items
 
 

@@ -64,11 +64,17 @@ def chunk_text(tokenizer, text: str, window: int, prefix: str = "") -> list[Cont
 
 def evidence_chunks(chunks: Sequence[Context], question: str, answer: str) -> list[int]:
     """Indices of the chunks that state ``answer`` next to the question's names
-    (capitalised words past the first); when no chunk has both, those with the answer."""
+    (capitalised words past the first); when no chunk has both, those with the answer; when
+    no chunk has it whole, the pairs of neighbours that a chunk boundary cuts it between."""
     names = re.findall(r"\b[A-Z][\w'-]*", question)[1:]
-    has_answer = [i for i, c in enumerate(chunks) if answer.lower() in c.text.lower()]
+    text, want = [c.text.lower() for c in chunks], answer.lower()
+    has_answer = [i for i, t in enumerate(text) if want in t]
     both = [i for i in has_answer if any(n in chunks[i].text for n in names)]
-    return both or has_answer
+    if has_answer:
+        return both or has_answer
+    cut = [i for i in range(len(text) - 1)
+           if want in text[i] + text[i + 1] or want in f"{text[i]} {text[i + 1]}"]
+    return sorted({j for i in cut for j in (i, i + 1)})
 
 
 def evidence_window(chunks: Sequence[Context], question: str, answer: str, length: int

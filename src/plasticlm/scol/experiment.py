@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from plasticlm.config import deep_update
 from plasticlm.data.squad import load_squad
 from plasticlm.errors import PlasticError
 from plasticlm.runs import read_metrics
@@ -133,6 +134,17 @@ def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
     return scores
 
 
+def same_config(stored: dict | None, cfg: ExperimentConfig) -> bool:
+    """Whether a seed's stored config is ``cfg``. Compared as JSON (a stored config has lists
+    where the dataclass has tuples); a setting added since the seed ran counts as its
+    default, which by rule reproduces the behaviour from before it existed."""
+    if not isinstance(stored, dict):
+        return False
+    as_json = json.loads(json.dumps(asdict(cfg)))
+    defaults = json.loads(json.dumps(asdict(ExperimentConfig())))
+    return deep_update(defaults, stored) == as_json
+
+
 def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
     """The SQuAD experiment over ``cfg.seeds`` seeds: each seed's run in ``out/seed-S``
     (reused when its report exists for the same config), then ``report.json`` and
@@ -144,9 +156,7 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
                        scol=replace(cfg.scol, seed=cfg.scol.seed + i))
         folder = out / f"seed-{scfg.seed}"
         done = folder / "report.json"
-        # compared as JSON: a stored config has lists where the dataclass has tuples
-        if done.exists() and json.loads(done.read_text()).get("config") == \
-                json.loads(json.dumps(asdict(scfg))):
+        if done.exists() and same_config(json.loads(done.read_text()).get("config"), scfg):
             per_seed.append(json.loads(done.read_text()))
         else:
             per_seed.append(run_squad_seed(scfg, folder, progress))
@@ -192,6 +202,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     report["base_matrix_em"] = base_mat.em
     report["base_legal"] = base_mat.legal[-1]
     report["base_mc_last"] = base_mat.mc_last
+    report["base_swap_last"] = base_mat.swap_last
 
     policies: dict = {}
     needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}
@@ -207,7 +218,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = read_metrics(out / f"meta_{name}" / "metrics.jsonl")
 
-    if "scol" in policies:
+    if "scol" in policies and cfg.held_out_pairs:
         # Held-out preference pairs: best-of-K on the evaluation stream from the untouched
         # model (its rewards score candidates, nothing trains on them); does the meta-trained
         # policy rank them better than the untrained one?

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from plasticlm.data.longbench import load_longbench
 from plasticlm.errors import PlasticError
-from plasticlm.eval import MCConfig, evaluate_mc_items
+from plasticlm.eval import CI, MCConfig, bootstrap_ci, evaluate_mc_items, format_ci
 from plasticlm.scol.contexts import chunk_text, evidence_window
 from plasticlm.scol.meta import consolidate_stream, meta_train
-from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
+from plasticlm.scol.setup import ExperimentConfig, load_model, longbench_items
 
 
 def _mc_correct(model, tokenizer, item) -> bool:
@@ -25,20 +24,24 @@ def _mc_correct(model, tokenizer, item) -> bool:
 
 def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
     """LongBench-v2-format items chunked to ``chunk_tokens``: meta-train (intrinsic reward)
-    on short-regime streams, then per item consolidate its chunks and answer closed-book
-    (MC by log-prob). Regimes: short (``max_chunks``) and long (``long_max_chunks``)."""
+    on short-regime streams (at most one per outer step; the other short items are
+    evaluated), then per item consolidate its chunks and answer closed-book (MC by log-prob).
+    Regimes: short (``max_chunks``) and long (``long_max_chunks``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base, tok = load_model(cfg)
-    items = load_longbench(resolve_world_file(cfg, "longbench"))
+    items = longbench_items(cfg)
     short = [it for it in items if it.length == "short"]
     long = [it for it in items if it.length != "short"]
     if not short or not long:
         raise PlasticError("the LongBench file needs both short and medium/long items")
     scfg = replace(cfg.scol, reward="intrinsic")
+    # Meta-training visits one stream per outer step, so it needs no more streams than steps;
+    # every other short item is evaluated.
+    n_train = max(1, min(len(short) // 2, cfg.scol.outer_steps))
     train_streams = [chunk_text(tok, it.context, cfg.chunk_tokens, f"{it.id}/")[: cfg.max_chunks]
-                     for it in short[: max(1, len(short) // 2)]]
-    eval_short = short[max(1, len(short) // 2):] or short
+                     for it in short[:n_train]]
+    eval_short = short[n_train:] or short
     policy = meta_train(copy.deepcopy(base), tok, train_streams, scfg, out / "meta",
                         progress=progress)
     report: dict = {"config": asdict(cfg), "paper": {"short": 0.423, "long": 0.370,
@@ -62,11 +65,38 @@ def run_longbench(cfg: ExperimentConfig, out: str | Path, progress: bool = True)
                                             it.choices["ABCD".index(it.answer)], cap)
             streams.append(window)
             located += found
+        correct = {}
         for name, fn in methods.items():
-            correct = [_mc_correct(fn(s), tok, it) for s, it in zip(streams, its)]
-            res[name] = {"accuracy": sum(correct) / len(correct), "n": len(correct)}
+            correct[name] = [float(_mc_correct(fn(s), tok, it)) for s, it in zip(streams, its)]
+            res[name] = {"accuracy": sum(correct[name]) / len(its), "n": len(its),
+                         "ci": asdict(bootstrap_ci(correct[name])), "correct": correct[name]}
+        for name, control in (("scol", "base"), ("scol", "sequential_ft"),
+                              ("sequential_ft", "base")):
+            res[f"{name}_minus_{control}"] = asdict(bootstrap_ci(correct[name],
+                                                                 baseline=correct[control]))
         res["evidence_located"] = located
         res["chunks_per_stream"] = sum(len(s) for s in streams) / len(streams)
         report["regimes"][regime] = res
     (out / "longbench.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "longbench.md").write_text(longbench_markdown(report))
     return report
+
+
+def longbench_markdown(report: dict) -> str:
+    """Accuracy per regime and method with 95% intervals over items, the paired differences
+    to the untouched model and to sequential fine-tuning, and the paper's numbers."""
+    paper = report["paper"]
+    lines = ["MC accuracy in %, mean [95% CI over items]; differences paired on the same items. "
+             "Chance 25%.", "",
+             "| regime | n | chunks | untouched model (control) | sequential FT | SCoL | "
+             "SCoL - untouched | SCoL - sequential FT | paper SCoL |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for regime, r in report["regimes"].items():
+        lines.append(
+            f"| {regime} | {r['scol']['n']} | {r['chunks_per_stream']:.1f} | "
+            f"{format_ci(CI(**r['base']['ci']))} | {format_ci(CI(**r['sequential_ft']['ci']))} | "
+            f"{format_ci(CI(**r['scol']['ci']))} | {format_ci(CI(**r['scol_minus_base']))} | "
+            f"{format_ci(CI(**r['scol_minus_sequential_ft']))} | "
+            f"{100 * paper[regime]:.1f} |")
+    return "\n".join(lines) + "\n"
+

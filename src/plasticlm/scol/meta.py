@@ -69,6 +69,10 @@ class SCoLConfig:
     lam: float = 1.0               # weight of forgetting in the reward
     qa_metric: str = "f1"          # em | f1, for the supervised reward
     forget_window: int = 4         # earlier contexts checked for forgetting
+    # which of them: "recent" = the last forget_window; "all" = a sample of forget_window
+    # drawn (by seed and position) from every earlier context of the stream, so that a long
+    # stream's reward sees damage to its first contexts at the same cost
+    forget_from: str = "recent"
     lora: LoraTrainConfig = field(default_factory=LoraTrainConfig)
     outer_steps: int = 8
     ipo_tau: float = 0.1
@@ -94,6 +98,9 @@ class SCoLConfig:
         if self.ipo_reference not in ("initial", "step"):
             raise PlasticError(f"ipo_reference must be 'initial' or 'step', not "
                                f"{self.ipo_reference!r}")
+        if self.forget_from not in ("recent", "all"):
+            raise PlasticError(f"forget_from must be 'recent' or 'all', not "
+                               f"{self.forget_from!r}")
         if self.pair_buffer < 0:
             raise PlasticError(f"pair_buffer must be >= 0, not {self.pair_buffer}")
         if num_layers is not None and self.max_layers > num_layers:

@@ -89,14 +89,26 @@ def summarise_seeds(reports: list[dict]) -> dict:
                     pooled_bootstrap_ci(imm, baseline_per_seed=c_imm))
                 entry[f"retention_minus_{control}"] = asdict(
                     pooled_bootstrap_ci(ret, baseline_per_seed=c_ret))
+        entry["immediate_minus_base"] = asdict(pooled_bootstrap_ci(
+            imm, baseline_per_seed=[r["base_matrix_em"][-1] for r in reports]))
         swap_imm = [r["methods"][name].get("swap_diag") or [] for r in reports]
         swap_ret = [(r["methods"][name].get("swap_last") or [])[:-1] for r in reports]
         if all(swap_imm) and all(len(x) == len(y) for x, y in zip(swap_imm, imm)):
             entry["immediate_swapped"] = asdict(pooled_bootstrap_ci(swap_imm))
             entry["immediate_minus_swapped"] = asdict(
                 pooled_bootstrap_ci(imm, baseline_per_seed=swap_imm))
+            # What a commit adds to the unseen entity's answers, over the untouched model's
+            # answers to the same swapped questions: the entity-independent part of the gain.
+            base_swap = [r.get("base_swap_last") or [] for r in reports]
+            if all(len(b) == len(x) for b, x in zip(base_swap, swap_imm)):
+                entry["immediate_swapped_minus_base"] = asdict(
+                    pooled_bootstrap_ci(swap_imm, baseline_per_seed=base_swap))
         if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
             entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
+            base_swap = [(r.get("base_swap_last") or [])[:-1] for r in reports]
+            if all(len(b) == len(x) for b, x in zip(base_swap, swap_ret)):
+                entry["retention_swapped_minus_base"] = asdict(
+                    pooled_bootstrap_ci(swap_ret, baseline_per_seed=base_swap))
         entry.update(_closed_set_summary(reports, name))
         legal = [r["methods"][name].get("legal_final") for r in reports]
         base_legal = [r.get("base_legal") for r in reports]
@@ -141,6 +153,32 @@ def seeds_markdown(report: dict) -> str:
               "sandbox entities are unseen, so here retention net of the untouched model is "
               "the like-for-like quantity. Batch TTT trains once on the whole stream: its "
               "'immediate' is its final accuracy."]
+    gains = {name: e for name, e in report["summary"].items()
+             if "immediate_swapped_minus_base" in e}
+    if gains:
+        lines += ["", "Where the immediate gain comes from: each method's answers net of the "
+                  "untouched model's on the same questions, for the context's own entity and "
+                  "for the unseen entity swapped in. A gain that remains with the entity "
+                  "swapped is the attribute's recently written value, not the entity's fact; "
+                  "share = swapped gain / own gain (ratio of the means; only where the own "
+                  "gain's interval is above zero). The swapped questions are those that name "
+                  "their entity (on the sandbox, all of them).", "",
+                  "| method | immediate - untouched | swapped - untouched (swapped) | share | "
+                  "retention - untouched | swapped - untouched (swapped) | share |",
+                  "|---|---|---|---|---|---|---|"]
+
+        def share(e: dict, own: str, swapped: str) -> str:
+            # a ratio to a gain that may be zero means nothing
+            if own not in e or swapped not in e or e[own]["low"] <= 0:
+                return "- (no gain)"
+            return f"{100 * e[swapped]['mean'] / e[own]['mean']:.0f}%"
+        for name, e in gains.items():
+            lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate_minus_base')} | "
+                         f"{ci(e, 'immediate_swapped_minus_base')} | "
+                         f"{share(e, 'immediate_minus_base', 'immediate_swapped_minus_base')} | "
+                         f"{ci(e, 'retention_minus_base')} | "
+                         f"{ci(e, 'retention_swapped_minus_base')} | "
+                         f"{share(e, 'retention_minus_base', 'retention_swapped_minus_base')} |")
     mc = {name: e for name, e in report["summary"].items() if "mc_immediate" in e}
     if mc:
         lines += ["", "Closed-set multiple choice: the attribute's legal values ranked by "

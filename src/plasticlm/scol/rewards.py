@@ -8,6 +8,7 @@ next-token NLL in nats/token.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -108,12 +109,27 @@ def context_nll(model, windows: torch.Tensor) -> float:
     return float(lm_loss(model, windows))
 
 
+def earlier_contexts(contexts: Sequence[Context], t: int, n: int, source: str = "recent",
+                     seed: int | str = 0) -> list[Context]:
+    """The earlier contexts whose forgetting context ``t``'s reward measures: the last ``n``
+    (``source="recent"``) or ``n`` drawn from all of ``contexts[:t]`` (``"all"``), in stream
+    order, the same draw for the same ``(seed, t)``."""
+    if source == "recent":
+        return list(contexts[max(0, t - n): t])
+    if source != "all":
+        raise PlasticError(f"forget_from must be 'recent' or 'all', not {source!r}")
+    picks = random.Random(f"{seed}:{t}").sample(range(t), min(n, t))
+    return [contexts[i] for i in sorted(picks)]
+
+
 class RewardProbe:
     """Measures a candidate's reward against the running model before the commit."""
 
     def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
         self.tokenizer, self.cfg, self.context = tokenizer, cfg, contexts[t]
-        self.earlier = list(contexts[max(0, t - cfg.forget_window): t])
+        # one draw per stream (named by its first context) and position
+        self.earlier = earlier_contexts(contexts, t, cfg.forget_window, cfg.forget_from,
+                                        f"{cfg.seed}:{contexts[0].id}")
         self.windows = context_windows(tokenizer, self.context.text, cfg.lora.max_tokens)
         if cfg.reward == "supervised":
             if not self.context.questions:

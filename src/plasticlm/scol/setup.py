@@ -12,10 +12,19 @@ import torch
 
 from plasticlm.config import load_config, preset_path, require_positive
 from plasticlm.data.corpus import load_text_corpus
+from plasticlm.data.longbench import load_longbench
+from plasticlm.data.records import LongItem
+from plasticlm.errors import PlasticError
 from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
 from plasticlm.runs import dtype_name, pick_dtype, set_threads
-from plasticlm.sandbox import sandbox_model, sandbox_world
+from plasticlm.sandbox import (
+    generate_world,
+    get_preset,
+    long_items,
+    sandbox_model,
+    sandbox_world,
+)
 from plasticlm.sandbox.domains import KINDS, entity_name
 from plasticlm.sandbox.world_index import closed_value_sets, read_world_index
 from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
@@ -47,7 +56,13 @@ class ExperimentConfig:
     lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
     prompt_tokens: int = 384       # in-context baselines' budget
     fisher_top: int = 0            # size of the top-Fisher set; 0 = the selection's size
+    # Score the meta-trained policy on held-out preference pairs: best-of-K from the untouched
+    # model over the evaluation stream, i.e. K more inner updates per evaluation context.
+    held_out_pairs: bool = True
     chunk_tokens: int = 192        # longbench chunk size
+    # longbench items per length regime drawn from the preset's world (0 = the world file's
+    # own items, or the file given as ``longbench``)
+    longbench_per_length: int = 0
     max_chunks: int = 12           # longbench: chunks per stream at most (short regime)
     long_max_chunks: int = 24      # longbench: long regime
     threads: int = 1               # torch threads; tiny models gain nothing from more
@@ -55,6 +70,12 @@ class ExperimentConfig:
     seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
 
     def __post_init__(self):
+        if self.longbench_per_length < 0:
+            raise PlasticError(f"longbench_per_length must be >= 0, not "
+                               f"{self.longbench_per_length}")
+        if self.longbench_per_length and self.longbench:
+            raise PlasticError("longbench_per_length draws items from the sandbox world; it "
+                               "cannot apply to a given longbench file (set one or the other)")
         require_positive(self, "eval_length", "full_rows_every", "seeds", "prompt_tokens",
                          "chunk_tokens",
                          "max_chunks", "long_max_chunks", "threads")
@@ -79,6 +100,15 @@ def resolve_world_file(cfg: ExperimentConfig, kind: str) -> Path:
         return Path(given)
     world = sandbox_world(cfg.preset)
     return world / ("squad/unseen.json" if kind == "squad" else "longbench/items.json")
+
+
+def longbench_items(cfg: ExperimentConfig) -> list[LongItem]:
+    """The LongBench experiment's items: the given file, the preset world's file, or
+    ``longbench_per_length`` items per regime drawn from the preset's world."""
+    if cfg.longbench or cfg.longbench_per_length <= 0:
+        return load_longbench(resolve_world_file(cfg, "longbench"))
+    world = generate_world(get_preset(cfg.preset).world)
+    return long_items(world, cfg.longbench_per_length, seed=cfg.seed)
 
 
 def replay_pool(cfg: ExperimentConfig, tokenizer):
