@@ -99,4 +99,3 @@ def longbench_markdown(report: dict) -> str:
             f"{format_ci(CI(**r['scol_minus_sequential_ft']))} | "
             f"{100 * paper[regime]:.1f} |")
     return "\n".join(lines) + "\n"
-

@@ -51,6 +51,7 @@ from plasticlm.scol.policy import (
     sample_actions,
 )
 from plasticlm.scol.rewards import (
+    FORGET_FROM,
     Reward,
     RewardProbe,
 )
@@ -98,8 +99,8 @@ class SCoLConfig:
         if self.ipo_reference not in ("initial", "step"):
             raise PlasticError(f"ipo_reference must be 'initial' or 'step', not "
                                f"{self.ipo_reference!r}")
-        if self.forget_from not in ("recent", "all"):
-            raise PlasticError(f"forget_from must be 'recent' or 'all', not "
+        if self.forget_from not in FORGET_FROM:
+            raise PlasticError(f"forget_from must be one of {FORGET_FROM}, not "
                                f"{self.forget_from!r}")
         if self.pair_buffer < 0:
             raise PlasticError(f"pair_buffer must be >= 0, not {self.pair_buffer}")

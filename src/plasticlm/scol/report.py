@@ -93,22 +93,22 @@ def summarise_seeds(reports: list[dict]) -> dict:
             imm, baseline_per_seed=[r["base_matrix_em"][-1] for r in reports]))
         swap_imm = [r["methods"][name].get("swap_diag") or [] for r in reports]
         swap_ret = [(r["methods"][name].get("swap_last") or [])[:-1] for r in reports]
+        # the untouched model's answers to the swapped questions, one per context
+        base_swap = [r.get("base_swap_last") or [] for r in reports]
         if all(swap_imm) and all(len(x) == len(y) for x, y in zip(swap_imm, imm)):
             entry["immediate_swapped"] = asdict(pooled_bootstrap_ci(swap_imm))
             entry["immediate_minus_swapped"] = asdict(
                 pooled_bootstrap_ci(imm, baseline_per_seed=swap_imm))
             # What a commit adds to the unseen entity's answers, over the untouched model's
             # answers to the same swapped questions: the entity-independent part of the gain.
-            base_swap = [r.get("base_swap_last") or [] for r in reports]
             if all(len(b) == len(x) for b, x in zip(base_swap, swap_imm)):
                 entry["immediate_swapped_minus_base"] = asdict(
                     pooled_bootstrap_ci(swap_imm, baseline_per_seed=base_swap))
         if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
             entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
-            base_swap = [(r.get("base_swap_last") or [])[:-1] for r in reports]
-            if all(len(b) == len(x) for b, x in zip(base_swap, swap_ret)):
-                entry["retention_swapped_minus_base"] = asdict(
-                    pooled_bootstrap_ci(swap_ret, baseline_per_seed=base_swap))
+            if all(len(b) == len(x) + 1 for b, x in zip(base_swap, swap_ret)):
+                entry["retention_swapped_minus_base"] = asdict(pooled_bootstrap_ci(
+                    swap_ret, baseline_per_seed=[b[:-1] for b in base_swap]))
         entry.update(_closed_set_summary(reports, name))
         legal = [r["methods"][name].get("legal_final") for r in reports]
         base_legal = [r.get("base_legal") for r in reports]

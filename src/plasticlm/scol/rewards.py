@@ -109,6 +109,9 @@ def context_nll(model, windows: torch.Tensor) -> float:
     return float(lm_loss(model, windows))
 
 
+FORGET_FROM = ("recent", "all")   # which earlier contexts the forgetting term checks
+
+
 def earlier_contexts(contexts: Sequence[Context], t: int, n: int, source: str = "recent",
                      seed: int | str = 0) -> list[Context]:
     """The earlier contexts whose forgetting context ``t``'s reward measures: the last ``n``
@@ -116,8 +119,8 @@ def earlier_contexts(contexts: Sequence[Context], t: int, n: int, source: str = 
     order, the same draw for the same ``(seed, t)``."""
     if source == "recent":
         return list(contexts[max(0, t - n): t])
-    if source != "all":
-        raise PlasticError(f"forget_from must be 'recent' or 'all', not {source!r}")
+    if source not in FORGET_FROM:
+        raise PlasticError(f"forget_from must be one of {FORGET_FROM}, not {source!r}")
     picks = random.Random(f"{seed}:{t}").sample(range(t), min(n, t))
     return [contexts[i] for i in sorted(picks)]
 

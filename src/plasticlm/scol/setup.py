@@ -105,7 +105,7 @@ def resolve_world_file(cfg: ExperimentConfig, kind: str) -> Path:
 def longbench_items(cfg: ExperimentConfig) -> list[LongItem]:
     """The LongBench experiment's items: the given file, the preset world's file, or
     ``longbench_per_length`` items per regime drawn from the preset's world."""
-    if cfg.longbench or cfg.longbench_per_length <= 0:
+    if not cfg.longbench_per_length:     # never set together with a longbench file
         return load_longbench(resolve_world_file(cfg, "longbench"))
     world = generate_world(get_preset(cfg.preset).world)
     return long_items(world, cfg.longbench_per_length, seed=cfg.seed)
