@@ -1,8 +1,9 @@
 """Delta-rule speed on CPU: chunkwise vs recurrent vs transformers' torch_chunk_gated_delta_rule.
 
 B=1, H=4, Dk=Dv=64, T in {512, 2048, 8192}; forward and forward+backward, same inputs,
-outputs compared. The transformers reference takes [B,T,H,D] and always scales q by
-Dk^-0.5, so ours gets q * Dk^-0.5 (keys are L2-normalised beforehand, the flag stays off).
+outputs compared, at each thread count given. The transformers reference takes [B,T,H,D]
+and always scales q by Dk^-0.5, so ours gets q * Dk^-0.5 (keys are L2-normalised
+beforehand, the flag stays off).
 
     python bench/delta_rule_speed.py      # writes bench/results/delta_rule_speed.{json,png}
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from plasticlm.benchmarks import delta_rule_rows
+from plasticlm.runs import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -25,17 +27,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default=str(RESULTS / "delta_rule_speed.json"))
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    rows = delta_rule_rows(args.lengths, args.reps, args.chunk)
-    for row in rows:
-        print(json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v)
-                          for k, v in row.items()}))
-    result = {"setup": {"B": 1, "H": 4, "Dk": 64, "Dv": 64, "chunk": args.chunk, "threads": args.threads,
-                        "torch": torch.__version__, "load_average_at_end": os.getloadavg()},
+    rows = []
+    for n in args.threads:
+        torch.set_num_threads(n)
+        for row in delta_rule_rows(args.lengths, args.reps, args.chunk):
+            rows.append({"threads": n, **row})
+            print(json.dumps({k: (float(f"{v:.4g}") if isinstance(v, float) else v)
+                              for k, v in rows[-1].items()}))
+    result = {"setup": {"B": 1, "H": 4, "Dk": 64, "Dv": 64, "chunk": args.chunk,
+                        "threads": args.threads, **machine(),
+                        "load_average_at_end": os.getloadavg()},
               "rows": rows}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -46,16 +51,18 @@ def main():
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, mode in zip(axes, ("fwd", "fwd+bwd")):
-        sub = [r for r in rows if r["mode"] == mode]
-        for name in ("chunkwise", "recurrent", "transformers"):
-            ax.plot([r["T"] for r in sub], [r[f"{name}_s"] for r in sub], marker="o", label=name)
+        for n, style in zip(args.threads, ("-", "--", ":", "-.")):
+            sub = [r for r in rows if r["mode"] == mode and r["threads"] == n]
+            for name, color in (("chunkwise", "C0"), ("recurrent", "C1"), ("transformers", "C2")):
+                ax.plot([r["T"] for r in sub], [r[f"{name}_s"] for r in sub], style, color=color,
+                        marker="o", label=f"{name}, {n} thread(s)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length T")
         ax.set_ylabel("seconds")
-        ax.set_title(f"delta rule {mode}, B=1 H=4 D=64, {args.threads} thread(s)")
+        ax.set_title(f"delta rule {mode}, B=1 H=4 D=64")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)
     print(f"wrote {out} and {out.with_suffix('.png')}")

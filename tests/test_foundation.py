@@ -235,3 +235,48 @@ def test_bench_quick_names_every_peer_and_agrees_with_the_reference(tmp_path, ca
         < refine["c2c"]["wire_bytes"]                  # text is small, caches are not
     assert all(r["floor_s"] > 0 and r["over_floor"] > 1 for r in report["delta_rule"])
     assert (tmp_path / "bench.png").stat().st_size > 0 and (tmp_path / "index.html").exists()
+
+
+def test_training_bar_in_a_log_draws_at_its_interval_not_every_step(monkeypatch, capsys):
+    """A loss in the bar's postfix must not force a frame per step (tqdm's set_postfix
+    refreshes by default): at a 30 s interval, 40 quick steps draw one or two frames."""
+    from plasticlm.models import train_steps
+
+    monkeypatch.setenv("TQDM_MININTERVAL", "30")
+    layer = torch.nn.Linear(4, 1)
+    train_steps(layer, lambda step: layer.weight.square().sum(), 40, warmup=2, desc="steps")
+    frames = [f for f in capsys.readouterr().err.replace("\r", "\n").splitlines() if f.strip()]
+    assert 1 <= len(frames) <= 2 and all(f.startswith("steps:") for f in frames)
+
+
+def test_machine_names_the_cpu_and_the_simd_level_torch_uses():
+    from plasticlm.runs import machine
+
+    info = machine()
+    assert info["cpu"] and info["cpu_count"] >= 1 and info["torch"] == torch.__version__
+    assert info["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def _avx2_and_fma() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo").read().splitlines()
+                     if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@pytest.mark.skipif(not _avx2_and_fma(), reason="the float path is pinned only on CPUs with AVX2")
+def test_import_pins_one_float_path_and_a_users_choice_wins():
+    """Importing plasticlm before torch fixes torch's SIMD level and MKL's path at AVX2 (the
+    sandbox family's); a value the user set is kept and reaches torch."""
+    probe = ("import os, plasticlm, torch; print(torch.backends.cpu.get_cpu_capability(), "
+             "os.environ['MKL_CBWR'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["AVX2", "AVX2"]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**env, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
+                         ).stdout.split()
+    assert out == ["DEFAULT", "COMPATIBLE"]

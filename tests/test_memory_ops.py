@@ -76,11 +76,35 @@ def test_gradients_match_naive(gated):
         torch.testing.assert_close(c, r, atol=1e-4, rtol=1e-4)
 
 
-def test_gradcheck_chunkwise_float64():
-    q, k, v, beta, g, s0 = inputs(1, 1, 7, 3, 2, seed=5, dtype=torch.float64, gated=True, with_state=True)
-    args = [x.requires_grad_() for x in (q, k, v, beta, s0, g)]
+@pytest.mark.parametrize("gated", [False, True])
+def test_gradcheck_chunkwise_float64(gated):
+    """The ungated path's hand-written backward and the gated one's autograd, against finite
+    differences, through the padded tail and the initial state."""
+    q, k, v, beta, g, s0 = inputs(1, 2, 11, 3, 2, seed=5, dtype=torch.float64, gated=gated,
+                                  with_state=True)
+    args = [x.requires_grad_() for x in (q, k, v, beta, s0)] + ([g.requires_grad_()] if gated else [])
     assert torch.autograd.gradcheck(
-        lambda q, k, v, b, s, g: delta_rule_chunkwise(q, k, v, b, s, g=g, chunk_size=4), args)
+        lambda q, k, v, b, s, g=None: delta_rule_chunkwise(q, k, v, b, s, g=g, chunk_size=4), args)
+
+
+@settings(max_examples=10, deadline=None)
+@given(t=st.integers(17, 90), chunk=st.sampled_from([4, 16, 32]), with_state=st.booleans(),
+       seed=st.integers(0, 999))
+def test_ungated_backward_equals_recurrent_autograd_float64(t, chunk, with_state, seed):
+    q, k, v, beta, _, s0 = inputs(2, 2, t, 8, 6, seed, dtype=torch.float64, with_state=with_state)
+    w_o = torch.randn(2, 2, t, 6, dtype=torch.float64)
+    w_s = torch.randn(2, 2, 8, 6, dtype=torch.float64)
+
+    def grads(fn):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, beta)]
+        s = s0.detach().clone().requires_grad_() if with_state else None
+        o, final = fn(*leaves, s)
+        ((o * w_o).sum() + (final * w_s).sum()).backward()
+        return [x.grad for x in leaves] + ([s.grad] if with_state else [])
+
+    for a, r in zip(grads(lambda *x: delta_rule_chunkwise(*x, chunk_size=chunk)),
+                    grads(delta_rule_recurrent)):
+        torch.testing.assert_close(a, r, atol=1e-10, rtol=1e-10)
 
 
 def test_bfloat16_inputs_keep_float32_state():

@@ -1,5 +1,5 @@
-"""Seeding, run folders, atomic writes, device selection, the cache home and the torch thread
-policy."""
+"""Seeding, run folders, atomic writes, device selection, the cache home, the torch thread
+policy and the machine a run ran on."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import platform
 import random
 import shutil
 import time
@@ -150,6 +151,23 @@ def threads(n: int | None = None) -> Iterator[int]:
         yield set_threads(n)
     finally:
         torch.set_num_threads(previous)
+
+
+def machine() -> dict:
+    """The CPU a run's floats came from: its model name, the SIMD level torch dispatches to,
+    MKL's code path and the core count. Float32 training of the same seed repeats exactly on
+    one kind of CPU but can land elsewhere on another (docs/sandbox.md), so reports record
+    it (``plasticlm`` pins both paths to AVX2 where the CPU has it)."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": model or platform.processor() or platform.machine(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__}
 
 
 def cache_home() -> Path:

@@ -47,27 +47,28 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     """(I + tril(a, -1))^-1 for a [..., C, C], C a power of two; a's diagonal and upper part
-    are ignored. Built by block doubling (2 batched matmuls per level, log2 C levels):
-    [[X11, 0], [M21, X22]] -> [[X11, 0], [-X22 M21 X11, X22]]. Used instead of LAPACK's
-    batched triangular solve, which is orders of magnitude slower on a busy multi-threaded CPU.
+    are ignored. Built by block doubling in place (2 batched matmuls per level, log2 C
+    levels): [[X11, 0], [M21, X22]] -> [[X11, 0], [-X22 M21 X11, X22]], every diagonal block
+    pair of a level at once through strided views. Used instead of LAPACK's batched
+    triangular solve, which is slower here and orders of magnitude slower on a busy
+    multi-threaded CPU.
     """
     c = a.shape[-1]
     batch = a.shape[:-2]
-    inv = torch.ones(*batch, c, 1, 1, dtype=a.dtype, device=a.device)   # 1x1 diagonal blocks
+    a = a.contiguous()
+    inv = torch.zeros_like(a)
+    inv.diagonal(dim1=-2, dim2=-1).fill_(1)
     size = 1
     while size < c:
         n = c // (2 * size)
-        blocks = a.reshape(*batch, n, 2 * size, n, 2 * size)
-        blocks = torch.diagonal(blocks, dim1=-4, dim2=-2).movedim(-1, -3)  # [..., n, 2s, 2s]
-        m21 = blocks[..., size:, :size]
-        pairs = inv.reshape(*batch, n, 2, size, size)
-        x11, x22 = pairs[..., 0, :, :], pairs[..., 1, :, :]
-        x21 = -(x22 @ m21 @ x11)
-        top = torch.cat([x11, torch.zeros_like(x11)], dim=-1)
-        bottom = torch.cat([x21, x22], dim=-1)
-        inv = torch.cat([top, bottom], dim=-2)
+        # [..., n, 2, s, 2, s]: the n diagonal blocks of size 2s, as 2 x 2 grids of s x s
+        pairs, m = (torch.diagonal(x.view(*batch, n, 2, size, n, 2, size), dim1=-6, dim2=-3)
+                    .movedim(-1, -5) for x in (inv, a))
+        # clones, since later levels write into inv, which autograd (the gated form) saved
+        x11, x22 = pairs[..., 0, :, 0, :].clone(), pairs[..., 1, :, 1, :].clone()
+        pairs[..., 1, :, 0, :] = -(x22 @ m[..., 1, :, 0, :] @ x11)
         size *= 2
-    return inv.reshape(*batch, c, c)
+    return inv
 
 
 def delta_rule_recurrent(
@@ -118,8 +119,10 @@ def delta_rule_chunkwise(
 
     Inside each chunk of C tokens the C sequential updates collapse to one triangular
     solve, (I + tril(diag(beta) K K^T * decay, -1)) [U | W] = [beta V | beta e^G K],
-    done for all chunks at once (C a power of two); only the state hand-off between chunks is sequential
-    (T/C steps of three matmuls). Any T: the tail is padded with beta = 0 (no write).
+    done for all chunks at once (C a power of two); only the state hand-off between chunks
+    is sequential (T/C steps of two matmuls). Without decay (``g`` None) the backward is
+    hand-written; the gated form goes through autograd. Any T: the tail is padded with
+    beta = 0 (no write).
     """
     _check(q, k, v, beta, g, initial_state)
     if chunk_size < 1 or chunk_size & (chunk_size - 1):
@@ -144,28 +147,22 @@ def delta_rule_chunkwise(
     n = (t + pad) // c
     q, k, v = (x.reshape(b, h, n, c, x.shape[-1]) for x in (q, k, v))
     beta = beta.reshape(b, h, n, c)
+    if not gated:
+        o, state = _UngatedChunks.apply(q, k, v, beta, state)
+        return o.reshape(b, h, n * c, dv)[:, :, :t].to(out_dtype), state
     k_beta = k * beta[..., None]
-    if gated:
-        cum = g.to(cd).reshape(b, h, n, c).cumsum(-1)            # G_t within each chunk
-        causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        # exp(G_t - G_i) for i <= t; the upper part is masked before exp to avoid overflow.
-        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-        # Unit lower-triangular system (the diagonal we leave in is ignored by the inverse).
-        inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2)) * decay)
-        u, w = inverse @ (v * beta[..., None]), inverse @ (k_beta * cum.exp()[..., None])
-        intra = (q @ k.transpose(-1, -2)) * decay               # causal incl. diagonal
-        q = q * cum.exp()[..., None]
-        chunk_decay = cum[..., -1]                              # G_C per chunk [B,H,N]
-        k_to_end = k * (chunk_decay[..., None] - cum).exp()[..., None]
-        decays = chunk_decay.exp().unbind(2)
-    else:
-        # Without decay every mask and exponential drops out: the inverse ignores the upper
-        # part by construction, and the intra-chunk scores only need the causal triangle.
-        inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
-        u, w = inverse @ (v * beta[..., None]), inverse @ k_beta
-        intra = (q @ k.transpose(-1, -2)).tril()
-        k_to_end = k
-        decays = [None] * n
+    cum = g.to(cd).reshape(b, h, n, c).cumsum(-1)                # G_t within each chunk
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    # exp(G_t - G_i) for i <= t; the upper part is masked before exp to avoid overflow.
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    # Unit lower-triangular system (the diagonal we leave in is ignored by the inverse).
+    inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2)) * decay)
+    u, w = inverse @ (v * beta[..., None]), inverse @ (k_beta * cum.exp()[..., None])
+    intra = (q @ k.transpose(-1, -2)) * decay                   # causal incl. diagonal
+    q = q * cum.exp()[..., None]
+    chunk_decay = cum[..., -1]                                  # G_C per chunk [B,H,N]
+    k_to_end = k * (chunk_decay[..., None] - cum).exp()[..., None]
+    decays = chunk_decay.exp().unbind(2)
     # u [B,H,N,C,Dv], w [B,H,N,C,Dk]; unbind (not indexing) so that backward does not build
     # a full-size zero gradient per chunk
     per_chunk = zip(u.unbind(2), w.unbind(2), q.unbind(2), intra.unbind(2), decays,
@@ -174,11 +171,83 @@ def delta_rule_chunkwise(
     for u_i, w_i, q_i, intra_i, decay_i, kt_i in per_chunk:
         u_i = u_i - w_i @ state                                 # the corrections actually written
         outs.append(q_i @ state + intra_i @ u_i)
-        if decay_i is not None:
-            state = state * decay_i[..., None, None]
+        state = state * decay_i[..., None, None]
         state = state + kt_i @ u_i
     o = torch.stack(outs, dim=2).reshape(b, h, n * c, dv)[:, :, :t]
     return o.to(out_dtype), state
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    # [B,H,N,...] -> [B*H,N,...]: baddbmm wants one batch dimension
+    return x.reshape(-1, *x.shape[2:])
+
+
+class _UngatedChunks(torch.autograd.Function):
+    """The ungated chunkwise delta rule on chunked inputs, with a hand-written backward.
+
+    q, k [B,H,N,C,Dk], v [B,H,N,C,Dv], beta [B,H,N,C], state [B,H,Dk,Dv] -> o [B,H,N,C,Dv]
+    and the final state. Forward keeps the state entering each chunk ([B,H,N,Dk,Dv], as
+    flash-linear-attention's ``h``), so that only the two matmuls of the state hand-off stay
+    sequential, both ways; autograd through the loop recorded every small op of it instead.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, state):
+        k_beta = k * beta[..., None]
+        inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
+        u, w = inverse @ (v * beta[..., None]), inverse @ k_beta
+        bh, n = q.shape[0] * q.shape[1], q.shape[2]
+        u_f, w_f, k_f = _flat(u), _flat(w), _flat(k)
+        states = state.new_empty(bh, n, *state.shape[2:])
+        written = torch.empty_like(u_f)           # u - w S: the corrections actually written
+        s = state.reshape(bh, *state.shape[2:])
+        for i in range(n):
+            states[:, i] = s
+            torch.baddbmm(u_f[:, i], w_f[:, i], s, alpha=-1, out=written[:, i])
+            s = torch.baddbmm(s, k_f[:, i].transpose(-1, -2), written[:, i])
+        states = states.view(*q.shape[:3], *state.shape[2:])
+        written = written.view_as(u)
+        o = q @ states + (q @ k.transpose(-1, -2)).tril() @ written
+        ctx.save_for_backward(q, k, v, beta, inverse, w, states, written)
+        return o, s.view_as(state)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, d_final):
+        q, k, v, beta, inverse, w, states, written = ctx.saved_tensors
+        kt = k.transpose(-1, -2)
+        intra = (q @ kt).tril()
+        bh, n = q.shape[0] * q.shape[1], q.shape[2]
+        # The reverse scan: d_written_i = intra_i^T dO_i + k_i dS_{i+1};
+        # dS_i = dS_{i+1} + q_i^T dO_i - w_i^T d_written_i.
+        from_out = _flat(intra.transpose(-1, -2) @ d_o)
+        from_read = _flat(q.transpose(-1, -2) @ d_o)
+        k_f, w_f = _flat(k), _flat(w)
+        d_written = torch.empty_like(from_out)
+        d_next = torch.empty_like(_flat(states))    # dS_{i+1} for each chunk i
+        ds = (torch.zeros_like(states[:, :, 0]) if d_final is None else d_final).reshape(bh, *states.shape[3:])
+        for i in reversed(range(n)):
+            d_next[:, i] = ds
+            torch.baddbmm(from_out[:, i], k_f[:, i], ds, out=d_written[:, i])
+            ds = torch.baddbmm(ds + from_read[:, i], w_f[:, i].transpose(-1, -2), d_written[:, i],
+                               alpha=-1)
+        d_written = d_written.view_as(written)
+        d_next = d_next.view_as(states)
+        d_intra = (d_o @ written.transpose(-1, -2)).tril()
+        d_q = d_o @ states.transpose(-1, -2) + d_intra @ k
+        d_k = written @ d_next.transpose(-1, -2) + d_intra.transpose(-1, -2) @ q
+        d_w = -(d_written @ states.transpose(-1, -2))
+        # u = T^-1 (beta v), w = T^-1 (beta k), T^-1 = (I + tril(beta k k^T, -1))^-1
+        k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+        inv_t = inverse.transpose(-1, -2)
+        d_v_beta, d_k_beta = inv_t @ d_written, inv_t @ d_w
+        d_inverse = d_written @ v_beta.transpose(-1, -2) + d_w @ k_beta.transpose(-1, -2)
+        d_a = -(inv_t @ d_inverse @ inv_t).tril(-1)
+        d_k_beta = d_k_beta + d_a @ k
+        d_k = d_k + d_a.transpose(-1, -2) @ k_beta + d_k_beta * beta[..., None]
+        d_beta = (d_k_beta * k).sum(-1) + (d_v_beta * v).sum(-1)
+        d_state = ds.view(states.shape[:2] + states.shape[3:])
+        return d_q, d_k, d_v_beta * beta[..., None], d_beta, d_state
 
 
 def delta_rule(

@@ -122,7 +122,7 @@ def train_steps(model, loss_at: Callable[[int], torch.Tensor], steps: int, lr: f
         sched.step()
         state.losses.append(loss.item())
         state.step = step + 1
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)  # drawn at tqdm's interval
         if checkpoint is not None and state.step % checkpoint_every == 0 and state.step < steps:
             save_checkpoint(checkpoint, model, opt, sched, state, key)
     model.eval()

@@ -265,7 +265,7 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
                     log(step=len(losses), loss=sum(losses[-20:]) / 20,
                         lr=sched.get_last_lr()[0])
                 bar.update()
-                bar.set_postfix(loss=f"{total:.3f}")
+                bar.set_postfix(loss=f"{total:.3f}", refresh=False)
         bar.close()
     finally:
         for p, flag in frozen:

@@ -31,7 +31,7 @@ from plasticlm.models import (
     train_lm,
     unigram_loss,
 )
-from plasticlm.runs import atomic_folder, seed_everything, write_text_atomic
+from plasticlm.runs import atomic_folder, machine, seed_everything, write_text_atomic
 from plasticlm.sandbox.drills import train_drills
 from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
 from plasticlm.sandbox.probes import (
@@ -185,8 +185,13 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
                "specialist": world.specialist_docs + rng.sample(world.train_docs, n_general)}
     niah_hay = haystack_sentences(world.valid_docs)
     drill_hay = haystack_sentences(world.train_docs)
+    here = machine()
+    if (here["torch_cpu_capability"], here["mkl_cbwr"]) != ("AVX2", "AVX2"):
+        log.warning("torch computes with %s here (MKL path %r), the published sandbox family "
+                    "with AVX2 on both: the family trained here may differ (docs/sandbox.md)",
+                    here["torch_cpu_capability"], here["mkl_cbwr"])
     report: dict = {"preset": preset, "sandbox_version": SANDBOX_VERSION, "world": asdict(p.world),
-                    "seq_len": p.seq_len, "cpu_count": os.cpu_count(),
+                    "seq_len": p.seq_len, "machine": here,
                     "loadavg_start": [round(x, 2) for x in os.getloadavg()], "models": {}}
     report["torch_threads"] = torch.get_num_threads()
     for spec in p.models:
