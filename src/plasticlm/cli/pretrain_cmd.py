@@ -27,7 +27,7 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
         "cache (cache_home()/models/sandbox[-NAME]-v2), prints the probe table with 95%% "
         "intervals and writes report.json; a killed run resumes where it stopped; --text FILE --out DIR "
         "trains a tokenizer and one model on a plain-text corpus.")
-    q.add_argument("--preset", default=None, help="sandbox (v2, about 10 min on 2 idle cores the first time) or quick")
+    q.add_argument("--preset", default=None, help="sandbox (v2, 13-16 min on 2 idle cores the first time) or quick")
     q.add_argument("--text", default=None, help="plain-text corpus, documents separated by "
                    "<|endoftext|>")
     q.add_argument("--out", default=None, help="output folder (required with --text)")

@@ -120,8 +120,8 @@ def delta_rule_chunkwise(
     Inside each chunk of C tokens the C sequential updates collapse to one triangular
     solve, (I + tril(diag(beta) K K^T * decay, -1)) [U | W] = [beta V | beta e^G K],
     done for all chunks at once (C a power of two); only the state hand-off between chunks
-    is sequential (T/C steps of two matmuls). Without decay (``g`` None) the backward is
-    hand-written; the gated form goes through autograd. Any T: the tail is padded with
+    is sequential (T/C steps of two matmuls without decay, four with). Without decay (``g``
+    None) the backward is hand-written; the gated form goes through autograd. Any T: the tail is padded with
     beta = 0 (no write).
     """
     _check(q, k, v, beta, g, initial_state)
