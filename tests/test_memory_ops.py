@@ -107,6 +107,23 @@ def test_ungated_backward_equals_recurrent_autograd_float64(t, chunk, with_state
         torch.testing.assert_close(a, r, atol=1e-10, rtol=1e-10)
 
 
+def test_ungated_path_keeps_float32_under_autocast():
+    """Autocast must not reach the recurrence: the same outputs and gradients as without it."""
+    q, k, v, beta, _, s0 = inputs(1, 2, 40, 8, 8, seed=4, with_state=True)
+
+    def run():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, beta, s0)]
+        o, s = delta_rule_chunkwise(*leaves[:4], leaves[4], chunk_size=16)
+        (o.sum() + s.sum()).backward()
+        return [o, s] + [x.grad for x in leaves]
+
+    plain = run()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = run()
+    for a, b in zip(plain, cast):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+
+
 def test_bfloat16_inputs_keep_float32_state():
     q, k, v, beta, _, s0 = inputs(1, 2, 40, 8, 8, seed=1, with_state=True)
     o, s = delta_rule(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta.bfloat16(), s0, chunk_size=16)

@@ -15,8 +15,9 @@ from pathlib import Path as _Path
 def _pin_float_path() -> None:
     """One float path on every x86-64 CPU with AVX2: torch's kernels and MKL otherwise take
     the widest SIMD the CPU has (AVX-512 where there is one), another width sums float32 in
-    another order, and the same seed trains another sandbox family (docs/sandbox.md). Must
-    run before torch loads; a value already in the environment wins."""
+    another order, and the same seed trains another sandbox family (docs/sandbox.md). Works
+    only when plasticlm is imported before torch computes anything; a value already in the
+    environment wins."""
     try:
         flags = next(line for line in _Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("flags")).split()

@@ -166,6 +166,7 @@ def machine() -> dict:
                 break
     return {"cpu": model or platform.processor() or platform.machine(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            # what the environment asked MKL for (torch does not say which path MKL took)
             "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
             "cpu_count": os.cpu_count(), "torch": torch.__version__}
 

@@ -193,6 +193,13 @@ class _UngatedChunks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, state):
+        # the recurrence runs in the inputs' float32/64 even under autocast (and baddbmm's
+        # out= needs one dtype)
+        with torch.autocast(q.device.type, enabled=False):
+            return _UngatedChunks._forward(ctx, q, k, v, beta, state)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, beta, state):
         k_beta = k * beta[..., None]
         inverse = unit_lower_inverse(k_beta @ k.transpose(-1, -2))
         u, w = inverse @ (v * beta[..., None]), inverse @ k_beta
@@ -214,6 +221,11 @@ class _UngatedChunks(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_o, d_final):
+        with torch.autocast(d_o.device.type, enabled=False):
+            return _UngatedChunks._backward(ctx, d_o.to(ctx.saved_tensors[0].dtype), d_final)
+
+    @staticmethod
+    def _backward(ctx, d_o, d_final):
         q, k, v, beta, inverse, w, states, written = ctx.saved_tensors
         kt = k.transpose(-1, -2)
         intra = (q @ kt).tril()
