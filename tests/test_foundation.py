@@ -11,6 +11,7 @@ import torch
 
 from plasticlm.cli import COMMANDS, build_parser, main
 from plasticlm.config import field_docs, load_config, parse_value, preset_path
+from plasticlm.cpu import has_float_path
 from plasticlm.errors import PlasticError
 from plasticlm.runs import THREADS_ENV, RunDir, cache_home, seed_everything, set_threads, threads
 
@@ -257,16 +258,7 @@ def test_machine_names_the_cpu_and_the_simd_level_torch_uses():
     assert info["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
-def _avx2_and_fma() -> bool:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo").read().splitlines()
-                     if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return "avx2" in flags and "fma" in flags
-
-
-@pytest.mark.skipif(not _avx2_and_fma(), reason="the float path is pinned only on CPUs with AVX2")
+@pytest.mark.skipif(not has_float_path(), reason="the float path is pinned only on CPUs with AVX2")
 def test_import_pins_one_float_path_and_a_users_choice_wins():
     """Importing plasticlm before torch fixes torch's SIMD level and MKL's path at AVX2 (the
     sandbox family's); a value the user set is kept and reaches torch."""

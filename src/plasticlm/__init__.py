@@ -9,26 +9,18 @@ Shared ground: ``plasticlm.models`` (loading, tiny builders, llama2.c import),
 """
 
 import os as _os
-from pathlib import Path as _Path
 
+from plasticlm.cpu import FLOAT_PATH as _FLOAT_PATH
+from plasticlm.cpu import has_float_path as _has_float_path
 
-def _pin_float_path() -> None:
-    """One float path on every x86-64 CPU with AVX2: torch's kernels and MKL otherwise take
-    the widest SIMD the CPU has (AVX-512 where there is one), another width sums float32 in
-    another order, and the same seed trains another sandbox family (docs/sandbox.md). Works
-    only when plasticlm is imported before torch computes anything; a value already in the
-    environment wins."""
-    try:
-        flags = next(line for line in _Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return
-    if "avx2" in flags and "fma" in flags:
-        _os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
-        _os.environ.setdefault("MKL_CBWR", "AVX2")
-
-
-_pin_float_path()
+# One float path on every x86-64 CPU with AVX2: torch's kernels and MKL otherwise take the
+# widest SIMD the CPU has (AVX-512 where there is one), another width sums float32 in another
+# order, and the same seed trains another sandbox family (docs/sandbox.md). Works only when
+# plasticlm is imported before torch computes anything; a value already in the environment
+# wins.
+if _has_float_path():
+    _os.environ.setdefault("ATEN_CPU_CAPABILITY", _FLOAT_PATH.lower())
+    _os.environ.setdefault("MKL_CBWR", _FLOAT_PATH)
 
 from plasticlm.errors import PlasticError  # noqa: E402
 

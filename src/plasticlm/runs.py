@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from plasticlm.cpu import cpuinfo_field
 from plasticlm.errors import PlasticError
 
 THREADS_ENV = "PLASTICLM_THREADS"
@@ -158,13 +159,7 @@ def machine() -> dict:
     MKL's code path and the core count. Float32 training of the same seed repeats exactly on
     one kind of CPU but can land elsewhere on another (docs/sandbox.md), so reports record
     it (``plasticlm`` pins both paths to AVX2 where the CPU has it)."""
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": model or platform.processor() or platform.machine(),
+    return {"cpu": cpuinfo_field("model name") or platform.processor() or platform.machine(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             # what the environment asked MKL for (torch does not say which path MKL took)
             "mkl_cbwr": os.environ.get("MKL_CBWR", ""),

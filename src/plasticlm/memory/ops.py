@@ -237,7 +237,7 @@ class _UngatedChunks(torch.autograd.Function):
         k_f, w_f = _flat(k), _flat(w)
         d_written = torch.empty_like(from_out)
         d_next = torch.empty_like(_flat(states))    # dS_{i+1} for each chunk i
-        ds = (torch.zeros_like(states[:, :, 0]) if d_final is None else d_final).reshape(bh, *states.shape[3:])
+        ds = d_final.reshape(bh, *states.shape[3:])          # zeros when the state is unused
         for i in reversed(range(n)):
             d_next[:, i] = ds
             torch.baddbmm(from_out[:, i], k_f[:, i], ds, out=d_written[:, i])

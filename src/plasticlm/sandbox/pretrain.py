@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from plasticlm.cpu import FLOAT_PATH
 from plasticlm.data.niah import haystack_sentences
 from plasticlm.errors import PlasticError
 from plasticlm.models import (
@@ -186,10 +187,10 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
     niah_hay = haystack_sentences(world.valid_docs)
     drill_hay = haystack_sentences(world.train_docs)
     here = machine()
-    if here["torch_cpu_capability"] != "AVX2" or here["mkl_cbwr"].split(",")[0] != "AVX2":
+    if (here["torch_cpu_capability"], here["mkl_cbwr"].split(",")[0]) != (FLOAT_PATH, FLOAT_PATH):
         log.warning("torch computes with %s here (MKL path %r), the published sandbox family "
-                    "with AVX2 on both: the family trained here may differ (docs/sandbox.md)",
-                    here["torch_cpu_capability"], here["mkl_cbwr"])
+                    "with %s on both: the family trained here may differ (docs/sandbox.md)",
+                    here["torch_cpu_capability"], here["mkl_cbwr"], FLOAT_PATH)
     report: dict = {"preset": preset, "sandbox_version": SANDBOX_VERSION, "world": asdict(p.world),
                     "seq_len": p.seq_len, "machine": here,
                     "loadavg_start": [round(x, 2) for x in os.getloadavg()], "models": {}}
