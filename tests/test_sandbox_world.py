@@ -182,3 +182,24 @@ def test_passages_vary_their_layout(world):
     openings = Counter(p.context.split(". ")[0].replace(p.title, "E") for p in w.passages)
     # No single opening sentence shape dominates the passages.
     assert openings.most_common(1)[0][1] < 0.2 * len(w.passages)
+
+
+def test_shuffled_biographies_keep_every_statement_and_multiline_documents_stay(world):
+    import random
+
+    from plasticlm.sandbox.passages import shuffle_statements
+
+    rng = random.Random(0)
+    names = [e.name for e in world.entities]
+    moved = 0
+    for doc in world.train_docs:
+        out = shuffle_statements(doc, rng)
+        if "\n" in doc:                       # Q/A blocks and retrieval drills
+            assert out == doc
+            continue
+        parts, new = doc.split(". "), out.split(". ")
+        assert sorted(p.rstrip(".") for p in parts) == sorted(p.rstrip(".") for p in new)
+        # Every piece is a whole statement about the document's entity (no name cut apart).
+        assert any(all(n in p for p in new) for n in names if n in doc)
+        moved += out != doc
+    assert moved > len(world.train_docs) // 3

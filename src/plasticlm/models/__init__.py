@@ -10,8 +10,10 @@ from plasticlm.models.loading import (
 from plasticlm.models.pretrain import (
     evaluate_loss,
     pack_corpus,
+    packed_batch,
     train_bpe_tokenizer,
     train_lm,
+    train_lm_repacked,
     train_steps,
     unigram_loss,
 )
@@ -20,5 +22,6 @@ from plasticlm.models.tiny import ARCHS, build_tiny, tiny_config
 __all__ = [
     "ARCHS", "SUPPORTED_MODEL_TYPES", "build_tiny", "describe", "evaluate_loss",
     "from_llama2c", "import_llama2c", "load_causal_lm", "check_model_source", "pack_corpus",
-    "tiny_config", "train_bpe_tokenizer", "train_lm", "train_steps", "unigram_loss",
+    "packed_batch", "tiny_config", "train_bpe_tokenizer", "train_lm", "train_lm_repacked",
+    "train_steps", "unigram_loss",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -150,3 +151,44 @@ def train_lm(model, blocks: torch.Tensor, steps: int, batch_size: int = 32, lr: 
 
     return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
                        checkpoint, checkpoint_every, checkpoint_key)
+
+
+def packed_batch(tokenizer, documents: Sequence[str], batch_size: int, seq_len: int,
+                 rng: random.Random,
+                 augment: Callable[[str, random.Random], str] | None = None) -> torch.Tensor:
+    """``[batch_size, seq_len + 1]`` tokens packed afresh: documents drawn by ``rng`` (with
+    replacement, each passed through ``augment(doc, rng)`` when given), BOS/EOS-delimited,
+    concatenated and cut from a random offset, so no two steps see the same blocks."""
+    need = batch_size * seq_len + 1
+    flat: list[int] = []
+    while len(flat) < need:
+        doc = documents[rng.randrange(len(documents))]
+        flat.extend(encode_documents(tokenizer, [augment(doc, rng) if augment else doc])[0])
+    start = rng.randrange(len(flat) - need + 1)
+    data = torch.tensor(flat[start:start + need])
+    idx = torch.arange(batch_size)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
+    return data[idx]
+
+
+def train_lm_repacked(model, tokenizer, documents: Sequence[str], steps: int, seq_len: int,
+                      batch_size: int = 32, lr: float = 2e-3, warmup: int = 50,
+                      weight_decay: float = 0.01, seed: int = 0,
+                      augment: Callable[[str, random.Random], str] | None = None,
+                      desc: str = "pre-train", progress: bool = True,
+                      checkpoint: str | Path | None = None, checkpoint_every: int = 50,
+                      checkpoint_key: str = "") -> list[float]:
+    """:func:`train_steps` over batches :func:`packed_batch` draws afresh from ``documents``
+    at every step (from ``(seed, step)``, so a resumed run repeats the uninterrupted one),
+    where :func:`train_lm` samples the fixed blocks of one packing. On a small corpus seen
+    many times, the fixed blocks are memorised with their neighbours; ``augment`` (a
+    document's sentences in a new order, say) varies what is memorised. Returns the losses."""
+    if not documents:
+        raise ValueError("train_lm_repacked needs at least one document")
+
+    def loss_at(step: int) -> torch.Tensor:
+        rng = random.Random(seed * 7919 + step)
+        return lm_loss(model, packed_batch(tokenizer, documents, batch_size, seq_len, rng,
+                                           augment))
+
+    return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
+                       checkpoint, checkpoint_every, f"repacked:{checkpoint_key}")

@@ -11,6 +11,7 @@ from plasticlm.sandbox.drills import (
     teach_facts,
     train_drills,
 )
+from plasticlm.sandbox.passages import shuffle_statements
 from plasticlm.sandbox.presets import (
     PRESETS,
     SANDBOX_VERSION,
@@ -32,6 +33,7 @@ from plasticlm.sandbox.probes import (
     evaluate_world_mc,
     niah_choice,
     probe_table,
+    world_mc_items,
 )
 from plasticlm.sandbox.specs import resolve_data_spec, resolve_model_spec, sandbox_preset_of
 from plasticlm.sandbox.tasks import (
@@ -53,7 +55,8 @@ __all__ = [
     "ensure_sandbox_models", "evaluate_niah", "evaluate_openbook", "evaluate_world_mc", "get_preset",
     "niah_choice", "niah_drill_batch", "preset_dir", "pretrain_preset", "pretrain_text",
     "probe_table", "reading_drill_batch", "resolve_data_spec", "resolve_model_spec", "sandbox_model",
-    "sandbox_preset_of", "sandbox_world", "teach_facts", "train_drills",
+    "sandbox_preset_of", "sandbox_world", "shuffle_statements", "teach_facts", "train_drills",
+    "world_mc_items",
     "OpenBookItem", "StreamSegment", "WORLD_CLIENT_DOMAIN", "World", "WorldConfig", "client_stream",
     "generate_world", "load_client_streams", "load_openbook", "long_items", "openbook_items", "read_world_index",
     "write_world", "write_world_tasks",

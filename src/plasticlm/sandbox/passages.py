@@ -4,6 +4,7 @@ fact-free filler of retrieval drills."""
 from __future__ import annotations
 
 import random
+import re
 
 from plasticlm.eval.prompts import qa_line, qa_prompt
 from plasticlm.sandbox.domains import Domain, Entity
@@ -50,6 +51,19 @@ def biography(e: Entity, domain: Domain, rng: random.Random, extra: int = 1,
     picks += rng.sample(pool, min(extra, len(pool)))
     rng.shuffle(picks)
     return " ".join(render(s, e, e.attributes[a.name]) for a, s in picks)
+
+
+def shuffle_statements(doc: str, rng: random.Random) -> str:
+    """A one-line corpus document (a biography: statements in no meaningful order) with its
+    sentences in a new order drawn from ``rng``; documents of several lines (Q/A blocks,
+    retrieval drills) are returned as they are. Pre-training on fresh orders
+    (:func:`plasticlm.models.train_lm_repacked`) varies what a small model memorises of a
+    corpus it sees a dozen times (docs/sandbox.md)."""
+    if "\n" in doc:
+        return doc
+    sentences = re.split(r"(?<=\.) ", doc)
+    rng.shuffle(sentences)
+    return " ".join(sentences)
 
 
 _INTROS = ("", "", "From the archive: ", "A short note on {e}. ", "About {e}: ",

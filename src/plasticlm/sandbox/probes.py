@@ -34,22 +34,34 @@ def _ci_entry(correct: list[float], groups: list[str] | None = None) -> dict:
             "n": len(correct)}
 
 
-def evaluate_world_mc(model, tokenizer, world_dir: Path, role: str = "core",
-                      splits: tuple[str, ...] = ("val", "test")) -> dict:
-    """MC accuracy on a world's questions of ``role`` in ``splits``, overall and per split,
-    domain and head/torso/tail bucket, each ``{"accuracy", "low", "high", "n"}``; every
-    choice is scored as a continuation of the one QA prompt (chance 25%)."""
+def world_mc_items(model, tokenizer, world_dir: Path, role: str = "core",
+                   splits: tuple[str, ...] = ("val", "test")) -> list[dict]:
+    """One record per question of ``role`` in ``splits``: ``correct`` (0/1), ``entity``,
+    ``split``, ``domain``, ``bucket``; every choice is scored as a continuation of the one
+    QA prompt (chance 25%). Paired comparisons of two models match records by position."""
     folder = Path(world_dir) / ("mmlu" if role == "core" else "specialist_mmlu")
     meta = question_meta(read_world_index(world_dir), role)
     qs = [q for s in splits for q in load_mmlu(folder, s)]
     result = evaluate_mc_items(model, tokenizer, qs, MCConfig(method="continuation",
                                                               batch_size=32))
-    groups: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    items = []
     for ok, q in zip(result.correct, qs):
         m = meta[(q.subject, q.split, q.index)]
-        entity = m.get("entity", m["fact"].rsplit(".", 1)[0])
-        for g in ("all", f"split/{q.split}", f"domain/{q.subject}", f"bucket/{m['bucket']}"):
-            groups[g].append((float(ok), entity))
+        items.append({"correct": float(ok), "entity": m.get("entity", m["fact"].rsplit(".", 1)[0]),
+                      "split": q.split, "domain": q.subject, "bucket": m["bucket"]})
+    return items
+
+
+def evaluate_world_mc(model, tokenizer, world_dir: Path, role: str = "core",
+                      splits: tuple[str, ...] = ("val", "test")) -> dict:
+    """MC accuracy on a world's questions of ``role`` in ``splits`` (:func:`world_mc_items`),
+    overall and per split, domain and head/torso/tail bucket, each ``{"accuracy", "low",
+    "high", "n"}`` with an interval over entities."""
+    groups: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for it in world_mc_items(model, tokenizer, world_dir, role, splits):
+        for g in ("all", f"split/{it['split']}", f"domain/{it['domain']}",
+                  f"bucket/{it['bucket']}"):
+            groups[g].append((it["correct"], it["entity"]))
     return {g: _ci_entry([x for x, _ in v], [e for _, e in v])
             for g, v in sorted(groups.items())}
 
