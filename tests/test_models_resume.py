@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from plasticlm.models import build_tiny, packed_batch, train_bpe_tokenizer, train_lm_repacked
+from plasticlm.models import (
+    build_tiny,
+    packed_batch,
+    pretrain,
+    train_bpe_tokenizer,
+    train_lm_repacked,
+)
 from plasticlm.models.pretrain import lm_loss, step_generator, train_steps
 
 SIZES = dict(vocab_size=64, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -95,7 +101,9 @@ class AugmentInterrupt(Exception):
     pass
 
 
-def _repacked(folder=None, fail_after=None, seed=0):
+def _repacked(folder=None, fail_after=None, seed=0, batches=None):
+    """A 20-step repacked run; ``batches`` collects each step's batch, ``fail_after`` stops
+    it inside a step after that many augmented documents."""
     tok = train_bpe_tokenizer(DOCS * 4, vocab_size=300)
     model = build_tiny("llama", seed=1, **{**SIZES, "vocab_size": len(tok)})
     calls = [0]
@@ -106,20 +114,35 @@ def _repacked(folder=None, fail_after=None, seed=0):
             raise AugmentInterrupt
         return doc
 
-    losses = train_lm_repacked(model, tok, DOCS, 20, seq_len=16, batch_size=4, lr=1e-2,
-                               warmup=3, seed=seed, augment=augment, progress=False,
-                               checkpoint=folder, checkpoint_every=5, checkpoint_key="r")
+    def recorded(*args, **kwargs):
+        batch = packed_batch(*args, **kwargs)
+        if batches is not None:
+            batches.append(batch)
+        return batch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pretrain, "packed_batch", recorded)
+        losses = train_lm_repacked(model, tok, DOCS, 20, seq_len=16, batch_size=4, lr=1e-2,
+                                   warmup=3, seed=seed, augment=augment, progress=False,
+                                   checkpoint=folder, checkpoint_every=5, checkpoint_key="r")
     return model, losses
 
 
-def test_repacked_training_learns_and_resumes_to_the_same_weights(tmp_path):
-    full, full_losses = _repacked()
+def test_repacked_training_draws_fresh_batches_learns_and_resumes(tmp_path):
+    batches = []
+    full, full_losses = _repacked(batches=batches)
+    assert len(batches) == 20
+    assert all(not torch.equal(a, b) for a, b in zip(batches, batches[1:]))
     assert sum(full_losses[-3:]) < 0.8 * sum(full_losses[:3])
     _, other_seed = _repacked(seed=1)
     assert other_seed != full_losses
     with pytest.raises(AugmentInterrupt):
         _repacked(tmp_path / "ckpt", fail_after=90)   # ~7 documents a step: in step 13
     assert (tmp_path / "ckpt" / "meta.json").exists()
-    resumed, losses = _repacked(tmp_path / "ckpt")
+    again = []
+    resumed, losses = _repacked(tmp_path / "ckpt", batches=again)
+    # Steps 0-9 come from the checkpoint; steps 10-19 draw the batches they drew before.
+    assert len(again) == 10 and all(torch.equal(a, b) for a, b in zip(again, batches[10:]))
     assert losses == pytest.approx(full_losses, abs=1e-5)
     assert torch.allclose(_params(resumed), _params(full), atol=1e-5)
+    assert not (tmp_path / "ckpt").exists()

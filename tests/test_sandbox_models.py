@@ -23,6 +23,7 @@ from plasticlm.sandbox import (
     reading_drill_batch,
     sandbox_model,
     train_drills,
+    world_mc_items,
 )
 
 TINY_TEXT = TextPretrainConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2,
@@ -90,6 +91,21 @@ def test_mc_accuracy_matches_unbatched_reference(quick):
         reference.append(max(range(4), key=scores.__getitem__) == q.answer_index)
     batched = evaluate_mc_items(model, tok, qs, MCConfig(method="continuation", batch_size=32))
     assert batched.correct == reference
+
+
+def test_world_mc_items_are_the_records_behind_the_accuracy_table(quick):
+    from plasticlm.models import load_causal_lm
+
+    out, report = quick
+    model, tok = load_causal_lm(out / "receiver")
+    items = world_mc_items(model, tok, out / "world")
+    table = report["models"]["receiver"]["mc_core_heldout"]
+    assert len(items) == table["all"]["n"]
+    assert sum(it["correct"] for it in items) / len(items) == pytest.approx(
+        table["all"]["accuracy"], abs=1e-4)
+    for split in ("val", "test"):
+        mine = [it["correct"] for it in items if it["split"] == split]
+        assert len(mine) == table[f"split/{split}"]["n"]
 
 
 def test_niah_drill_batch_labels_only_the_answer(quick):

@@ -1,5 +1,6 @@
 """The sandbox world: determinism, design invariants, and world -> files -> loaders."""
 
+import random
 import re
 from collections import Counter
 
@@ -20,6 +21,7 @@ from plasticlm.sandbox import (
     WorldConfig,
     generate_world,
     read_world_index,
+    shuffle_statements,
     write_world,
 )
 from plasticlm.sandbox.world_index import question_meta
@@ -185,10 +187,6 @@ def test_passages_vary_their_layout(world):
 
 
 def test_shuffled_biographies_keep_every_statement_and_multiline_documents_stay(world):
-    import random
-
-    from plasticlm.sandbox.passages import shuffle_statements
-
     rng = random.Random(0)
     names = [e.name for e in world.entities]
     moved = 0

@@ -157,8 +157,10 @@ def packed_batch(tokenizer, documents: Sequence[str], batch_size: int, seq_len: 
                  rng: random.Random,
                  augment: Callable[[str, random.Random], str] | None = None) -> torch.Tensor:
     """``[batch_size, seq_len + 1]`` tokens packed afresh: documents drawn by ``rng`` (with
-    replacement, each passed through ``augment(doc, rng)`` when given), BOS/EOS-delimited,
-    concatenated and cut from a random offset, so no two steps see the same blocks."""
+    replacement, each passed through ``augment(doc, rng)`` when given), BOS/EOS-delimited and
+    concatenated until they fill the batch; the rows are consecutive pieces of that stream,
+    starting at a random offset inside the first document, so a block's boundaries and
+    neighbours change from draw to draw."""
     need = batch_size * seq_len + 1
     flat: list[int] = []
     while len(flat) < need:
@@ -181,14 +183,20 @@ def train_lm_repacked(model, tokenizer, documents: Sequence[str], steps: int, se
     at every step (from ``(seed, step)``, so a resumed run repeats the uninterrupted one),
     where :func:`train_lm` samples the fixed blocks of one packing. On a small corpus seen
     many times, the fixed blocks are memorised with their neighbours; ``augment`` (a
-    document's sentences in a new order, say) varies what is memorised. Returns the losses."""
+    document's sentences in a new order, say) varies what is memorised. The seed, lengths
+    and batch size are part of the checkpoint's key; ``checkpoint_key`` must name the
+    documents and the augmentation. Returns the losses."""
     if not documents:
         raise ValueError("train_lm_repacked needs at least one document")
+    # One stride per seed longer than the run, so two seeds never share a step's batch (the
+    # 7919 of the measured sandbox runs, which were shorter).
+    stride = max(7919, steps)
 
     def loss_at(step: int) -> torch.Tensor:
-        rng = random.Random(seed * 7919 + step)
+        rng = random.Random(seed * stride + step)
         return lm_loss(model, packed_batch(tokenizer, documents, batch_size, seq_len, rng,
                                            augment))
 
     return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
-                       checkpoint, checkpoint_every, f"repacked:{checkpoint_key}")
+                       checkpoint, checkpoint_every,
+                       f"repacked:{checkpoint_key}:{seed}:{seq_len}:{batch_size}")
