@@ -112,7 +112,8 @@ def main() -> None:
     probes = list(runs[ARMS[0]][0]["niah"])
     lines = [f"Receiver ({spec.num_layers} x {spec.hidden_size} {spec.arch}, {steps} steps of "
              f"{spec.batch_size} x {p.seq_len} tokens, then {drill_steps} drill steps), seeds "
-             f"{args.seeds}; mean over seeds [95% t-interval], n = 240 questions per seed:", "",
+             f"{args.seeds}; mean over seeds [95% t-interval], n = "
+             f"{len(runs[ARMS[0]][0]['after_drills'])} questions per seed:", "",
              "| pre-training batches | held-out MC before drills | after drills | needle "
              "choice " + " / ".join(probes) + " | pre-train s | drill s |",
              "|---|---|---|---|---|---|"]

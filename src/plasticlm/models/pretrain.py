@@ -53,9 +53,13 @@ def pack_corpus(tokenizer, texts: Sequence[str], seq_len: int) -> torch.Tensor:
     n = (len(flat) - 1) // seq_len
     if n < 1:
         raise ValueError(f"corpus of {len(flat)} tokens is shorter than one block of {seq_len}")
-    data = torch.tensor(flat[: n * seq_len + 1])
-    idx = torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
-    return data[idx]
+    return _blocks(torch.tensor(flat[: n * seq_len + 1]), n, seq_len)
+
+
+def _blocks(data: torch.Tensor, n: int, seq_len: int) -> torch.Tensor:
+    """``n`` consecutive blocks ``[n, seq_len + 1]`` of ``data``, each sharing its last
+    token with the next block's first (the targets of one are the inputs of the next)."""
+    return data[torch.arange(n)[:, None] * seq_len + torch.arange(seq_len + 1)[None]]
 
 
 def lm_loss(model, blocks: torch.Tensor) -> torch.Tensor:
@@ -167,9 +171,7 @@ def packed_batch(tokenizer, documents: Sequence[str], batch_size: int, seq_len: 
         doc = documents[rng.randrange(len(documents))]
         flat.extend(encode_documents(tokenizer, [augment(doc, rng) if augment else doc])[0])
     start = rng.randrange(len(flat) - need + 1)
-    data = torch.tensor(flat[start:start + need])
-    idx = torch.arange(batch_size)[:, None] * seq_len + torch.arange(seq_len + 1)[None]
-    return data[idx]
+    return _blocks(torch.tensor(flat[start:start + need]), batch_size, seq_len)
 
 
 def train_lm_repacked(model, tokenizer, documents: Sequence[str], steps: int, seq_len: int,
