@@ -2,7 +2,7 @@
 sandbox receiver, in one run.
 
 The preset pre-trains the receiver on random blocks of one fixed packing of the world corpus
-(about 79K tokens, seen 12 times in 480 steps), then gives it 200 needle-drill steps of 16
+(about 79K tokens, seen 12 times in its 480 steps), then gives it 200 needle-drill steps of 16
 samples. *Repacked* packs every step's batch afresh (documents drawn from ``(seed, step)``)
 and shuffles the statements of each biography (:func:`plasticlm.sandbox.shuffle_statements`),
 at the same steps, batch, rate and model. An arm is ``BATCHES:STEPSxBATCH``: the pre-training
@@ -10,8 +10,10 @@ batches, then that many drill steps of that many samples (e.g. ``repacked:400x16
 kind of pre-training runs once per seed; every arm that shares it drills its own copy. Each
 arm is probed on the held-out world MC questions (the val + test questions of core entities,
 whose Q/A form never appeared in training; chance 25%) before and after its drills and on
-needle choice after them (chance 25%); per seed, over seeds (mean and t-interval), and
-paired with the first arm over the same questions and needles, pooled over seeds.
+needle retrieval by 4-way choice after them (chance 25%; the greedy answer's score is not
+measured here); per seed, over seeds (mean and t-interval), and paired with the first arm
+over the same questions and needles: pooled over seeds, and the t-interval of the seeds'
+differences. ``--from-json`` renders a saved result's tables again without training.
 
     python bench/receiver_packing.py [--seeds 0 1 2] [--arms fixed:200x16 repacked:200x16]
 """
@@ -49,6 +51,8 @@ class Arm:
             raise SystemExit(f"arm {text!r}: expected BATCHES:STEPSxBATCH, e.g. repacked:400x16") from None
         if batches not in BATCHES:
             raise SystemExit(f"arm {text!r}: batches must be one of {sorted(BATCHES)}")
+        if arm.drill_steps < 0 or arm.drill_batch < 1:
+            raise SystemExit(f"arm {text!r}: drill steps must be >= 0 and the batch >= 1")
         return arm
 
     @property
@@ -58,7 +62,6 @@ class Arm:
 
 def main() -> None:
     from plasticlm.data.niah import generate_niah, haystack_sentences
-    from plasticlm.eval import format_ci, pooled_bootstrap_ci, seed_ci
     from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm, train_lm_repacked
     from plasticlm.runs import machine, seed_everything
     from plasticlm.sandbox import PRESETS, shuffle_statements, train_drills, world_mc_items
@@ -73,12 +76,22 @@ def main() -> None:
                     help="BATCHES:STEPSxBATCH; the first is the control the others pair with")
     ap.add_argument("--steps", type=int, default=None, help="pre-training steps (preset's)")
     ap.add_argument("--out", default=str(RESULTS / "receiver_packing.json"))
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="train nothing: render the tables of a saved result again (and "
+                         "rewrite its .md)")
     args = ap.parse_args()
+    if args.from_json:
+        _write(json.loads(Path(args.from_json).read_text()), Path(args.from_json))
+        return
     arms = [Arm.parse(a) for a in args.arms]
+    if len(set(arms)) < len(arms):
+        raise SystemExit(f"--arms {' '.join(args.arms)}: an arm is given twice")
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps {args.steps}: give at least 1 pre-training step")
 
     p = PRESETS["sandbox"]
     spec = next(m for m in p.models if m.name == "receiver")
-    steps = args.steps or spec.steps
+    steps = spec.steps if args.steps is None else args.steps
     tspec = next(t for t in p.tokenizers if t.name == spec.tokenizer)
     world = generate_world(p.world)
     world_dir = write_world(world, Path("runs") / "receiver_packing_world")
@@ -109,7 +122,7 @@ def main() -> None:
             t = time.time()
             base = pretrain(batches, seed)
             pretrain_seconds = round(time.time() - t, 1)
-            before = world_mc_items(base, tok, world_dir)
+            before = _columns(world_mc_items(base, tok, world_dir))
             for arm in (a for a in arms if a.batches == batches):
                 model = copy.deepcopy(base)
                 t = time.time()
@@ -120,79 +133,95 @@ def main() -> None:
                        "drill_seconds": round(time.time() - t, 1),
                        "drill_loss_every_10": [round(x, 4) for x in losses[::10]],
                        "before_drills": before,
-                       "after_drills": world_mc_items(model, tok, world_dir),
+                       "after_drills": _columns(world_mc_items(model, tok, world_dir)),
                        "needle_choice": {k: niah_choice(model, tok, s)
                                          for k, s in needles.items()}}
                 runs[arm].append(row)
                 print(f"seed {seed} {arm.label}: held-out MC "
-                      f"{100 * _mean(_correct(before)):.1f}% before drills, "
-                      f"{100 * _mean(_correct(row['after_drills'])):.1f}% after; needle "
+                      f"{100 * _mean(before['correct']):.1f}% before drills, "
+                      f"{100 * _mean(row['after_drills']['correct']):.1f}% after; needle "
                       "choice " + ", ".join(f"{100 * _mean(v):.1f}"
                                             for v in row["needle_choice"].values()),
                       flush=True)
 
-    def over_seeds(arm: Arm, column) -> str:
-        return format_ci(seed_ci([_mean(column(r)) for r in runs[arm]]))
+    result = {"steps": steps, "arms": args.arms, "seeds": args.seeds, "machine": machine(),
+              "torch_threads": torch.get_num_threads(),
+              "runs": {arm.label: rows for arm, rows in runs.items()}}
+    _write(result, Path(args.out))
 
-    def paired(arm: Arm, column, groups=None) -> str:
-        ci = pooled_bootstrap_ci([column(r) for r in runs[arm]],
-                                 [column(r) for r in runs[arms[0]]],
-                                 groups_per_seed=groups and [groups(r) for r in runs[arm]])
-        return format_ci(ci)
+
+def render(result: dict) -> str:
+    """The Markdown tables of a result: each arm's means over seeds, then each arm minus the
+    first, paired over the same questions and needles (pooled over seeds, and over seeds)."""
+    from plasticlm.eval import format_ci, pooled_bootstrap_ci, seed_ci
+    from plasticlm.sandbox import PRESETS
+
+    p = PRESETS["sandbox"]
+    spec = next(m for m in p.models if m.name == "receiver")
+    arms = [Arm.parse(a) for a in result["arms"]]
+    runs = [result["runs"][a.label] for a in arms]
+    needles = list(runs[0][0]["needle_choice"])
 
     def mc(stage: str):
-        return lambda r: _correct(r[stage])
+        return lambda r: r[stage]["correct"]
 
     def entities(stage: str):
-        return lambda r: [(r["seed"], it["entity"]) for it in r[stage]]
+        return lambda r: [(r["seed"], e) for e in r[stage]["entity"]]
 
     def needle(k: str):
         return lambda r: r["needle_choice"][k]
 
-    n_mc = len(runs[arms[0]][0]["after_drills"])
-    lines = [f"Receiver ({spec.num_layers} x {spec.hidden_size} {spec.arch}, {steps} steps of "
-             f"{spec.batch_size} x {p.seq_len} tokens, then drills), seeds {args.seeds}; "
-             f"mean over seeds [95% t-interval], n = {n_mc} questions and {p.niah_samples} "
-             "needles per probe and seed:", "",
+    def over_seeds(rows: list[dict], column) -> str:
+        return format_ci(seed_ci([_mean(column(r)) for r in rows]))
+
+    def paired(rows: list[dict], column, groups=None) -> str:
+        control = runs[0]
+        pooled = pooled_bootstrap_ci([column(r) for r in rows], [column(r) for r in control],
+                                     groups_per_seed=groups and [groups(r) for r in rows])
+        seeds = seed_ci([_mean(column(r)) - _mean(column(c)) for r, c in zip(rows, control)])
+        return f"{format_ci(pooled)} (seeds [{100 * seeds.low:.1f}, {100 * seeds.high:.1f}])"
+
+    n_mc = len(runs[0][0]["after_drills"]["correct"])
+    n_needles = len(runs[0][0]["needle_choice"][needles[0]])
+    lines = [f"Receiver ({spec.num_layers} x {spec.hidden_size} {spec.arch}, {result['steps']} "
+             f"steps of {spec.batch_size} x {p.seq_len} tokens, then drills), seeds "
+             f"{result['seeds']}; mean over seeds [95% t-interval], n = {n_mc} questions and "
+             f"{n_needles} needles per probe and seed (the same ones in every seed):", "",
              "| pre-training batches, drills | held-out MC before drills | after drills | "
              "needle choice " + " / ".join(needles) + " | pre-train s | drill s |",
              "|---|---|---|---|---|---|"]
-    for arm in arms:
-        secs = [sum(r[k] for r in runs[arm]) / len(runs[arm])
-                for k in ("pretrain_seconds", "drill_seconds")]
-        lines.append(f"| {arm.label} | {over_seeds(arm, mc('before_drills'))} | "
-                     f"{over_seeds(arm, mc('after_drills'))} | "
-                     + " / ".join(over_seeds(arm, needle(k)) for k in needles)
+    for arm, rows in zip(arms, runs):
+        secs = [sum(r[k] for r in rows) / len(rows) for k in ("pretrain_seconds", "drill_seconds")]
+        lines.append(f"| {arm.label} | {over_seeds(rows, mc('before_drills'))} | "
+                     f"{over_seeds(rows, mc('after_drills'))} | "
+                     + " / ".join(over_seeds(rows, needle(k)) for k in needles)
                      + f" | {secs[0]:.0f} | {secs[1]:.0f} |")
-    lines += ["", f"Minus {arms[0].label}, paired over the same questions (entities "
-              "resampled) and needles, pooled over seeds, in pp:", "",
+    lines += ["", f"Minus {arms[0].label}, paired over the same questions and needles, in pp: "
+              "the mean, its interval pooled over seeds (entities resampled) and, in brackets, "
+              "the t-interval of the seeds' differences, which is the one for a claim about "
+              "the training recipe:", "",
               "| arm | held-out MC before drills | after drills | needle choice "
               + " / ".join(needles) + " |", "|---|---|---|---|"]
-    for arm in arms[1:]:
-        lines.append(f"| {arm.label} | "
-                     f"{paired(arm, mc('before_drills'), entities('before_drills'))} | "
-                     f"{paired(arm, mc('after_drills'), entities('after_drills'))} | "
-                     + " / ".join(paired(arm, needle(k)) for k in needles) + " |")
-    table = "\n".join(lines)
-    print("\n" + table)
-    result = {"steps": steps, "arms": args.arms, "seeds": args.seeds, "machine": machine(),
-              "torch_threads": torch.get_num_threads(),
-              "runs": {arm.label: [_columns(r) for r in rows] for arm, rows in runs.items()},
-              "table": table}
-    out = Path(args.out)
+    for arm, rows in zip(arms[1:], runs[1:]):
+        before = ("same model" if arm.batches == arms[0].batches
+                  else paired(rows, mc("before_drills"), entities("before_drills")))
+        lines.append(f"| {arm.label} | {before} | "
+                     f"{paired(rows, mc('after_drills'), entities('after_drills'))} | "
+                     + " / ".join(paired(rows, needle(k)) for k in needles) + " |")
+    return "\n".join(lines)
+
+
+def _write(result: dict, out: Path) -> None:
+    result["table"] = render(result)
+    print("\n" + result["table"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table + "\n")
+    out.with_suffix(".md").write_text(result["table"] + "\n")
 
 
-def _columns(row: dict) -> dict:
-    """A run's record with each question list stored as columns (correct, entity)."""
-    return {k: ({"correct": _correct(v), "entity": [it["entity"] for it in v]}
-                if k in ("before_drills", "after_drills") else v) for k, v in row.items()}
-
-
-def _correct(items: list[dict]) -> list[float]:
-    return [it["correct"] for it in items]
+def _columns(items: list[dict]) -> dict:
+    """Per-question records as columns (correct, entity)."""
+    return {"correct": [it["correct"] for it in items], "entity": [it["entity"] for it in items]}
 
 
 def _mean(values: list[float]) -> float:
