@@ -196,6 +196,8 @@ def render(result: dict) -> str:
                      f"{over_seeds(rows, mc('after_drills'))} | "
                      + " / ".join(over_seeds(rows, needle(k)) for k in needles)
                      + f" | {secs[0]:.0f} | {secs[1]:.0f} |")
+    if len(arms) == 1:
+        return "\n".join(lines)
     lines += ["", f"Minus {arms[0].label}, paired over the same questions and needles, in pp: "
               "the mean, its interval pooled over seeds (entities resampled) and, in brackets, "
               "the t-interval of the seeds' differences, which is the one for a claim about "
