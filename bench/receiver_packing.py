@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="pre-training steps (preset's)")
     ap.add_argument("--out", default=str(RESULTS / "receiver_packing.json"))
     ap.add_argument("--from-json", metavar="FILE",
-                    help="train nothing: render the tables of a saved result again (and "
-                         "rewrite its .md)")
+                    help="train nothing: render the tables of a saved result again, "
+                         "rewriting FILE's table and its .md (--out is ignored)")
     args = ap.parse_args()
     if args.from_json:
         _write(json.loads(Path(args.from_json).read_text()), Path(args.from_json))
@@ -144,7 +144,8 @@ def main() -> None:
                                             for v in row["needle_choice"].values()),
                       flush=True)
 
-    result = {"steps": steps, "arms": args.arms, "seeds": args.seeds, "machine": machine(),
+    result = {"steps": steps, "arms": args.arms, "seeds": args.seeds,
+              "receiver": _receiver(spec, p.seq_len), "machine": machine(),
               "torch_threads": torch.get_num_threads(),
               "runs": {arm.label: rows for arm, rows in runs.items()}}
     _write(result, Path(args.out))
@@ -156,11 +157,22 @@ def render(result: dict) -> str:
     from plasticlm.eval import format_ci, pooled_bootstrap_ci, seed_ci
     from plasticlm.sandbox import PRESETS
 
+    if "arms" not in result or "needle_choice" not in next(iter(result["runs"].values()))[0]:
+        raise SystemExit("this result predates --arms and per-needle records; it cannot be "
+                         "rendered again (its table is in its .md)")
     p = PRESETS["sandbox"]
     spec = next(m for m in p.models if m.name == "receiver")
+    # Results written before the receiver was recorded were made with the preset's.
+    model = result.get("receiver") or _receiver(spec, p.seq_len)
     arms = [Arm.parse(a) for a in result["arms"]]
     runs = [result["runs"][a.label] for a in arms]
     needles = list(runs[0][0]["needle_choice"])
+    for arm, rows in zip(arms, runs):
+        if ([r["seed"] for r in rows] != [r["seed"] for r in runs[0]]
+                or any(r["after_drills"]["entity"] != c["after_drills"]["entity"]
+                       for r, c in zip(rows, runs[0]))):
+            raise SystemExit(f"arm {arm.label!r} does not pair with {arms[0].label!r}: "
+                             "its seeds or questions differ")
 
     def mc(stage: str):
         return lambda r: r[stage]["correct"]
@@ -179,12 +191,15 @@ def render(result: dict) -> str:
         pooled = pooled_bootstrap_ci([column(r) for r in rows], [column(r) for r in control],
                                      groups_per_seed=groups and [groups(r) for r in rows])
         seeds = seed_ci([_mean(column(r)) - _mean(column(c)) for r, c in zip(rows, control)])
-        return f"{format_ci(pooled)} (seeds [{100 * seeds.low:.1f}, {100 * seeds.high:.1f}])"
+        over = ("n/a, one seed" if seeds.degenerate
+                else f"seeds [{100 * seeds.low:.1f}, {100 * seeds.high:.1f}]")
+        return f"{format_ci(pooled)} ({over})"
 
     n_mc = len(runs[0][0]["after_drills"]["correct"])
     n_needles = len(runs[0][0]["needle_choice"][needles[0]])
-    lines = [f"Receiver ({spec.num_layers} x {spec.hidden_size} {spec.arch}, {result['steps']} "
-             f"steps of {spec.batch_size} x {p.seq_len} tokens, then drills), seeds "
+    lines = [f"Receiver ({model['layers']} x {model['hidden']} {model['arch']}, "
+             f"{result['steps']} steps of {model['batch_size']} x {model['seq_len']} tokens, "
+             "then drills), seeds "
              f"{result['seeds']}; mean over seeds [95% t-interval], n = {n_mc} questions and "
              f"{n_needles} needles per probe and seed (the same ones in every seed):", "",
              "| pre-training batches, drills | held-out MC before drills | after drills | "
@@ -224,6 +239,11 @@ def _write(result: dict, out: Path) -> None:
 def _columns(items: list[dict]) -> dict:
     """Per-question records as columns (correct, entity)."""
     return {"correct": [it["correct"] for it in items], "entity": [it["entity"] for it in items]}
+
+
+def _receiver(spec, seq_len: int) -> dict:
+    return {"layers": spec.num_layers, "hidden": spec.hidden_size, "arch": spec.arch,
+            "batch_size": spec.batch_size, "seq_len": seq_len}
 
 
 def _mean(values: list[float]) -> float:
