@@ -18,6 +18,7 @@ from plasticlm.eval import (
     format_ci,
     is_legal,
     legal_answer_rate,
+    paired_seed_ci,
     pooled_bootstrap_ci,
     seed_ci,
     swap_entity,
@@ -148,6 +149,30 @@ def test_seed_ci_of_one_seed_is_degenerate():
     assert str(ci) == "42.0 [n=1]"
     with pytest.raises(ValueError, match="empty"):
         seed_ci([])
+
+
+def test_paired_seed_ci_is_the_t_interval_of_the_seeds_differences():
+    # seed differences 0.5 - 0.0, 0.75 - 0.5, 1.0 - 0.0: mean 7/12, sd 0.381881, t(df 2) 4.302653
+    scores = [[1, 0, 1, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    baseline = [[0, 0, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]]
+    ci = paired_seed_ci(scores, baseline)
+    half = 4.302652730 * 0.3818813079 / 3 ** 0.5
+    assert (ci.mean, ci.n) == (pytest.approx(7 / 12), 3)
+    assert ci.low == pytest.approx(7 / 12 - half) and ci.high == pytest.approx(7 / 12 + half)
+    # a seed's shared luck cancels: the same shift in both recipes leaves the interval as it is
+    lucky = paired_seed_ci([0.75, 0.5, 0.25], [0.5, 0.25, 0.0])
+    assert (lucky.mean, lucky.low, lucky.high) == (0.25, 0.25, 0.25)
+    assert seed_ci([0.75, 0.5, 0.25]).width > 1  # each recipe alone varies across seeds
+    same = paired_seed_ci(scores, scores)
+    assert (same.mean, same.low, same.high) == (0, 0, 0)
+    assert paired_seed_ci([[1, 0]], [[0, 0]]).degenerate
+
+
+def test_paired_seed_ci_refuses_unpaired_input():
+    with pytest.raises(ValueError, match="seeds pair by position"):
+        paired_seed_ci([0.5, 0.6], [0.5])
+    with pytest.raises(ValueError, match="seed 1: 2 scores but 3"):
+        paired_seed_ci([[1, 0], [1, 0]], [[1, 0], [1, 0, 0]])
 
 
 # --- rendering and verdicts ----------------------------------------------------------------

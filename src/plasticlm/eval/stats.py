@@ -257,3 +257,29 @@ def seed_ci(values_per_seed: Sequence[float | Sequence[float]], level: float = 0
         return CI(mean, mean, mean, 1, level, degenerate=True)
     half = t_critical(level, k - 1) * float(m.std(ddof=1)) / math.sqrt(k)
     return CI(mean, mean - half, mean + half, k, level)
+
+
+def paired_seed_ci(per_seed_scores: Sequence[float | Sequence[float]],
+                   baseline_per_seed: Sequence[float | Sequence[float]],
+                   level: float = 0.95) -> CI:
+    """t-interval over seeds of the paired difference ``mean(scores[s]) - mean(baseline[s])``.
+
+    The seed-level companion of a paired :func:`pooled_bootstrap_ci`: seed ``s`` of
+    ``per_seed_scores`` and of ``baseline_per_seed`` are one training seed under two recipes
+    (a value each, or item scores paired by position), so retraining noise shared by a seed
+    cancels and what is left is the recipe's effect from seed to seed. This is the interval
+    for a claim about a training recipe; the pooled one speaks for the items.
+    """
+    if len(per_seed_scores) != len(baseline_per_seed):
+        raise ValueError(f"{len(per_seed_scores)} seeds of scores but {len(baseline_per_seed)} "
+                         "of baseline scores; seeds pair by position")
+    diffs = []
+    for s, (mine, theirs) in enumerate(zip(per_seed_scores, baseline_per_seed)):
+        a = _as_scores(np.atleast_1d(np.asarray(mine, dtype=np.float64)), f"seed {s}'s scores")
+        b = _as_scores(np.atleast_1d(np.asarray(theirs, dtype=np.float64)),
+                       f"seed {s}'s baseline scores")
+        if len(a) != len(b):
+            raise ValueError(f"seed {s}: {len(a)} scores but {len(b)} baseline scores; items "
+                             "pair by position")
+        diffs.append(float((a - b).mean()))
+    return seed_ci(diffs, level)
