@@ -177,7 +177,13 @@ def main(argv=None) -> int:
             ap.error(f"--only needs --ablation and rows of {sorted(ABLATION)}; got {sorted(unknown)}")
         variants = ("window + LoRA", *[v for v in ABLATION if v in wanted])
 
-    from plasticlm.eval import closed_set_accuracy, format_ci, pooled_bootstrap_ci
+    from plasticlm.eval import (
+        closed_set_accuracy,
+        format_ci,
+        format_paired,
+        paired_seed_ci,
+        pooled_bootstrap_ci,
+    )
     from plasticlm.models import load_causal_lm
     from plasticlm.runs import set_threads
     from plasticlm.sandbox import get_preset, sandbox_model
@@ -218,10 +224,13 @@ def main(argv=None) -> int:
     window_lora = scores["window + LoRA"]
     cis = {v: (pooled_bootstrap_ci(scores[v], groups_per_seed=[groups] * args.seeds),
                pooled_bootstrap_ci(scores[v], baseline_per_seed=window_lora,
-                                   groups_per_seed=[groups] * args.seeds)) for v in variants}
+                                   groups_per_seed=[groups] * args.seeds),
+               paired_seed_ci(scores[v], window_lora)) for v in variants}
     table = {v: {"accuracy": ci.mean, "low": ci.low, "high": ci.high,
-                 "minus_window_lora": d.mean, "diff_low": d.low, "diff_high": d.high, **meta[v]}
-             for v, (ci, d) in cis.items()}
+                 "minus_window_lora": d.mean, "diff_low": d.low, "diff_high": d.high,
+                 "diff_seeds_low": s.low, "diff_seeds_high": s.high,
+                 "correct_per_seed": scores[v], **meta[v]}
+             for v, (ci, d, s) in cis.items()}
     report = {"task": args.task, "ablation": args.ablation, "preset": args.preset,
               "window": args.window, "steps": args.steps,
               "batch": args.batch, "seeds": args.seeds, "filler_words": [lo, hi],
@@ -230,10 +239,11 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(f"| {args.task}: variant (W={args.window}, frozen receiver, {args.seeds} seeds, "
-          f"n={len(test_items)} test items) | 4-way accuracy [95% CI] | minus window + LoRA |")
+          f"n={len(test_items)} test items) | 4-way accuracy [95% CI] | minus window + LoRA "
+          "[paired 95% CI] (seeds) |")
     print("|---|---|---|")
-    for v, (ci, d) in cis.items():
-        print(f"| {v} | {format_ci(ci)} | {format_ci(d)} |")
+    for v, (ci, d, s) in cis.items():
+        print(f"| {v} | {format_ci(ci)} | {format_paired(d, s)} |")
     print(f"results in {args.out}")
     return 0
 

@@ -16,6 +16,7 @@ from plasticlm.eval import (
     closed_set_choice,
     entity_swap_control,
     format_ci,
+    format_paired,
     is_legal,
     legal_answer_rate,
     paired_seed_ci,
@@ -190,6 +191,24 @@ def test_verdict_reads_the_interval_of_a_difference():
     assert verdict(CI(-0.05, -0.09, -0.01, 100, 0.95)) == "worse"
     assert verdict(CI(0.02, -0.01, 0.05, 100, 0.95)) == "no difference"
     assert verdict(CI(-0.05, -0.09, -0.01, 100, 0.95), higher_is_better=False) == "better"
+
+
+def test_verdict_of_a_recipe_needs_the_seeds_to_agree():
+    items = CI(0.05, 0.02, 0.08, 1000, 0.95)
+    assert verdict(items, over_seeds=CI(0.05, 0.03, 0.07, 3, 0.95)) == "better"
+    # the items alone say better; three seeds' differences hold zero: no difference
+    assert verdict(items, over_seeds=CI(0.05, -0.01, 0.11, 3, 0.95)) == "no difference"
+    assert verdict(CI(-0.05, -0.08, -0.02, 1000, 0.95),
+                   over_seeds=CI(-0.05, -0.07, -0.03, 3, 0.95)) == "worse"
+    # one seed is no evidence over seeds: the items decide
+    assert verdict(items, over_seeds=CI(0.05, 0.05, 0.05, 1, 0.95, degenerate=True)) == "better"
+
+
+def test_format_paired_renders_both_intervals():
+    items, seeds = CI(0.053, 0.022, 0.082, 1008, 0.95), CI(0.053, -0.008, 0.113, 3, 0.95)
+    assert format_paired(items, seeds) == "5.3 [2.2, 8.2] (seeds [-0.8, 11.3])"
+    one = CI(0.053, 0.053, 0.053, 1, 0.95, degenerate=True)
+    assert format_paired(items, one) == "5.3 [2.2, 8.2] (seeds: n/a, one seed)"
 
 
 # --- legal answers --------------------------------------------------------------------------

@@ -388,3 +388,35 @@ def test_rows_pick_variants_and_old_results_still_match(tmp_path):
     path.write_text(json.dumps({"config": old, "runs": {"fednl|0": {}}}))
     assert _load_results(path, ExperimentConfig())["runs"] == {"fednl|0": {}}
     assert _load_results(path, dataclasses.replace(ExperimentConfig(), seeds=9))["runs"] == {}
+
+
+def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():
+    """The verdict of a row against windowed FedAvg needs the items pooled over seeds and the
+    seeds' own differences to exclude zero: a gain made by one seed of three is no difference."""
+    from plasticlm.fednl.experiment import accuracy_table
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl",))
+    n = 200
+    ref = [1.0] * 50 + [0.0] * (n - 50)
+
+    def run(gains):
+        return {"correct": [1.0 if i < 50 + gains else 0.0 for i in range(n)],
+                "groups": list(range(n)), "theta_bytes": 1000}
+
+    def table(gains_per_seed):
+        runs = {}
+        for s, g in enumerate(gains_per_seed):
+            runs[f"fednl|{s}"] = run(g)
+            runs[f"fedavg LoRA, window|{s}"] = {"correct": ref, "groups": list(range(n)),
+                                                "theta_bytes": 1000}
+        row = next(line for line in accuracy_table(cfg, {"runs": runs}).splitlines()
+                   if line.startswith("| fednl |"))
+        return row
+
+    steady = table([20, 21, 19])       # +10 points in every seed
+    assert "| 10.0 [5.8, 14.3] (seeds [8.8, 11.2]) | better |" in steady
+    lucky = table([60, 0, 0])          # +10 points on average, all of it from one seed
+    pooled_low = float(lucky.split("| 10.0 [")[1].split(",")[0])
+    assert pooled_low > 0               # the items alone would call it better
+    assert "| no difference |" in lucky and "(seeds [-" in lucky

@@ -118,3 +118,25 @@ def test_pretrain_fuser_into_a_registry_then_answer_through_it(tmp_path, capsys)
     assert main(["refine", "ask", "Q: x A:", "--receiver", "quick:specialist", "--transmitter",
                  "quick:receiver", "--registry", str(registry)]) == 2
     assert "registered: specialist -> receiver" in capsys.readouterr().err
+
+
+def test_transfer_results_give_each_difference_its_interval_over_seeds():
+    """Every paired difference of the transfer table carries the t-interval of the seeds'
+    differences; a control with one deterministic seed pairs with every seed."""
+    from plasticlm.eval import paired_seed_ci
+    from plasticlm.refine.report import transfer_results, transfer_table
+
+    alone = [[0.0, 1.0, 0.0, 1.0]]
+    fused = [[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0]]
+    control = [[0.0, 1.0, 0.0, 1.0]]
+    scores = {"alone": alone, "c2c, specialist": fused, "c2c, control": control}
+    results = transfer_results(scores, {}, ["a", "b", "c", "d"])
+    row = results["c2c, specialist"]
+    over = row["minus_control_over_seeds"]
+    want = paired_seed_ci(fused, control * 3)   # seed differences 0.25, 0.5, 0.0
+    assert (over["mean"], over["low"], over["high"]) == (want.mean, want.low, want.high)
+    assert over["low"] < 0 < over["high"]   # three seeds that disagree establish nothing
+    assert "minus_alone_over_seeds" in row
+    table = transfer_table({"probe_gate": {"rows": []}, "results": results, "n_eval": 4,
+                            "test_entities": 4})
+    assert "25.0 [" in table and "(seeds [" in table

@@ -391,6 +391,31 @@ def test_retention_never_counts_the_last_context():
     assert pooled["scol"]["mc_retention_minus_fixed_last"]["mean"] == -0.5
 
 
+def test_seed_summary_gives_each_difference_its_interval_over_seeds():
+    """Beside every paired difference pooled over seeds x contexts, the t-interval of the
+    seeds' own differences: two seeds that disagree leave a wide one, and the table shows it."""
+    from plasticlm.eval import paired_seed_ci
+    from plasticlm.scol.report import seeds_markdown, summarise_seeds
+
+    def seed(fixed_last_row):
+        return {"methods": {"scol": {"matrix_em": [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]},
+                            "fixed_last": {"matrix_em": [[1.0], [1.0, 1.0], fixed_last_row]}},
+                "base_matrix_em": [[0.0, 0.0, 0.0]]}
+
+    # scol retains 0 in both seeds; fixed last layer 0.5 in the first, 0 in the second
+    pooled = summarise_seeds([seed([1.0, 0.0, 1.0]), seed([0.0, 0.0, 1.0])])
+    over = pooled["scol"]["retention_minus_fixed_last_over_seeds"]
+    want = paired_seed_ci([[0.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 0.0]])
+    assert (over["mean"], over["low"], over["high"]) == (want.mean, want.low, want.high)
+    assert over["mean"] == -0.25 and over["low"] < -1 and over["high"] > 0.5
+    assert "retention_minus_base_over_seeds" in pooled["scol"]
+    table = seeds_markdown({"seeds": [0, 1], "summary": pooled})
+    assert "-25.0 [" in table and "(seeds [" in table
+    # a summary written before the seeds' interval existed renders as it did
+    old = {k: v for k, v in pooled["scol"].items() if not k.endswith("_over_seeds")}
+    assert "(seeds [" not in seeds_markdown({"seeds": [0, 1], "summary": {"scol": old}})
+
+
 def test_a_finished_seed_is_reused_across_settings_added_at_their_defaults():
     """A seed run before a setting existed is the same run when the setting is at its default
     (which reproduces the old behaviour), and a different run when it is not."""

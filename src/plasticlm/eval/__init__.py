@@ -48,6 +48,7 @@ from plasticlm.eval.stats import (
     CI,
     bootstrap_ci,
     format_ci,
+    format_paired,
     paired_seed_ci,
     pooled_bootstrap_ci,
     seed_ci,
@@ -64,16 +65,16 @@ from plasticlm.eval.streaming import (
 )
 
 __all__ = [
-    "CI", "LETTERS", "METHODS", "QA_TEMPLATE", "ClosedSetResult", "ContinuationScore",
-    "MCConfig", "MCResult", "Perplexity", "SquadResult", "StreamingCE", "SwappedItem",
-    "TokenLosses", "answer_index", "bootstrap_ci", "bucket_means", "choice_scores",
-    "chunked_token_losses", "closed_set_accuracy", "closed_set_choice", "cut_at_stop",
-    "encode_pair", "encode_with_bos", "entity_swap_control", "evaluate_mc",
-    "evaluate_mc_items", "exact_match", "extract_choice", "f1_score", "format_ci",
+    "CI", "ClosedSetResult", "ContinuationScore", "LETTERS", "MCConfig", "MCResult", "METHODS",
+    "Perplexity", "QA_TEMPLATE", "SquadResult", "StreamingCE", "SwappedItem", "TokenLosses",
+    "answer_index", "bootstrap_ci", "bucket_means", "choice_scores", "chunked_token_losses",
+    "closed_set_accuracy", "closed_set_choice", "cut_at_stop", "encode_pair",
+    "encode_with_bos", "entity_swap_control", "evaluate_mc", "evaluate_mc_items",
+    "exact_match", "extract_choice", "f1_score", "format_ci", "format_paired",
     "generate_texts", "is_legal", "legal_answer_rate", "mmlu_prompt", "next_token_logprobs",
     "niah_accuracy", "niah_score", "normalize_answer", "pad_batch", "pad_id_of",
     "paired_seed_ci", "perplexity", "pooled_bootstrap_ci", "qa_continuation", "qa_line",
-    "qa_prompt", "response_items", "score_continuations", "seed_ci", "squad_metrics", "squad_metrics_for", "squad_score",
-    "streaming_ce", "streaming_ce_from_losses", "swap_entity", "t_critical", "verdict",
-    "windows",
+    "qa_prompt", "response_items", "score_continuations", "seed_ci", "squad_metrics",
+    "squad_metrics_for", "squad_score", "streaming_ce", "streaming_ce_from_losses",
+    "swap_entity", "t_critical", "verdict", "windows",
 ]

@@ -11,6 +11,10 @@ Which interval a table reports (one rule for every experiment table):
   is reported as :func:`seed_ci`, the t-interval over the seeds' values. It also covers the
   retraining noise that the item bootstrap does not, at the price of width with few seeds;
   print it beside the pooled interval when a claim is about training runs, not items.
+- A difference between two training recipes (a method minus its control) gets both: the
+  paired pooled interval and :func:`paired_seed_ci`, the t-interval of the seeds' paired
+  differences (rendered together by :func:`format_paired`); :func:`verdict` with
+  ``over_seeds`` calls it better or worse only when both exclude zero.
 
 Percentile bootstrap: Efron & Tibshirani, "An Introduction to the Bootstrap" (1993); the
 cluster variant resamples whole groups (Davison & Hinkley, "Bootstrap Methods and their
@@ -91,12 +95,32 @@ def format_ci(ci: CI, scale: float = 100, digits: int = 1) -> str:
     return ci.format(scale, digits)
 
 
-def verdict(ci_of_difference: CI, higher_is_better: bool = True) -> Verdict:
-    """"better"/"worse" when the interval of a difference excludes zero, else "no difference"."""
-    if not ci_of_difference.excludes_zero:
+def verdict(ci_of_difference: CI, higher_is_better: bool = True,
+            over_seeds: CI | None = None) -> Verdict:
+    """"better"/"worse" when the interval of a difference excludes zero, else "no difference".
+
+    With ``over_seeds`` (the :func:`paired_seed_ci` of the same difference), a claim about a
+    training recipe: "better"/"worse" only when both intervals exclude zero on the same side;
+    a single seed's degenerate interval is not evidence either way and is ignored.
+    """
+    intervals = [ci_of_difference]
+    if over_seeds is not None and not over_seeds.degenerate:
+        intervals.append(over_seeds)
+    if not all(c.excludes_zero for c in intervals):
         return "no difference"
-    up = ci_of_difference.low > 0
-    return "better" if up == higher_is_better else "worse"
+    sides = {c.low > 0 for c in intervals}
+    if len(sides) > 1:
+        return "no difference"
+    return "better" if sides.pop() == higher_is_better else "worse"
+
+
+def format_paired(pooled: CI, over_seeds: CI, scale: float = 100, digits: int = 1) -> str:
+    """A paired difference as ``"x.x [lo, hi] (seeds [lo, hi])"``: the item interval pooled
+    over seeds, then the t-interval of the seeds' differences (:func:`paired_seed_ci`)."""
+    if over_seeds.degenerate:
+        return f"{pooled.format(scale, digits)} (seeds: n/a, one seed)"
+    return (f"{pooled.format(scale, digits)} (seeds [{_fmt(over_seeds.low * scale, digits)}, "
+            f"{_fmt(over_seeds.high * scale, digits)}])")
 
 
 def _as_scores(values, name: str) -> np.ndarray:

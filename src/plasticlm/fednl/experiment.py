@@ -30,7 +30,15 @@ from pathlib import Path
 
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
-from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci, seed_ci, verdict
+from plasticlm.eval import (
+    CI,
+    format_ci,
+    format_paired,
+    paired_seed_ci,
+    pooled_bootstrap_ci,
+    seed_ci,
+    verdict,
+)
 from plasticlm.fednl.comm import run_comm_experiment
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
@@ -140,7 +148,7 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
     chance = "25%" if cfg.experiment != "mmlu" else "25% (4 choices)"
     book = any("closed_book" in r for row in rows.values() for r in row["runs"])
     lines = [f"| {cfg.experiment}: variant | attention | accuracy [95% CI] | minus fedavg LoRA, "
-             "window [paired 95% CI] | verdict | aggregation drop, pp [95% CI over seeds] | "
+             "window [paired 95% CI] (seeds [95% CI of the seeds' differences]) | verdict | aggregation drop, pp [95% CI over seeds] | "
              "theta KB | paper |" + (" closed-book [95% CI] |" if book else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if book else "")]
     for label, row in rows.items():
@@ -148,19 +156,22 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
         diff = pooled_bootstrap_ci([r["correct"] for r in runs],
                                    baseline_per_seed=[r["correct"] for r in ref],
                                    groups_per_seed=[r["groups"] for r in runs])
+        seeds = paired_seed_ci([r["correct"] for r in runs], [r["correct"] for r in ref])
         drops = [r["drop"] for r in runs if "drop" in r]
         drop = format_ci(seed_ci(drops)) if drops else "-"
         same = label == "fedavg LoRA, window"
         lines.append(
             f"| {label} | {'full' if v.window == 0 else f'window {v.window}'} | "
-            f"{format_ci(row['ci'])} | {'-' if same else format_ci(diff)} | "
-            f"{'-' if same else verdict(diff)} | {drop} | {runs[0]['theta_bytes'] / 1e3:.1f} | "
+            f"{format_ci(row['ci'])} | {'-' if same else format_paired(diff, seeds)} | "
+            f"{'-' if same else verdict(diff, over_seeds=seeds)} | {drop} | {runs[0]['theta_bytes'] / 1e3:.1f} | "
             f"{PAPER_CELLS.get(cfg.experiment, {}).get(label, '-')} |"
             + (f" {_closed_book_cell(runs)} |" if book else ""))
     seeds = len(finished_seeds(cfg, results))
     lines.append(f"\n{seeds} seed(s) of {cfg.seeds} x {n} held-out items; chance {chance}; "
                  "intervals: "
-                 "bootstrap over items clustered by entity/sample, pooled over seeds; "
+                 "bootstrap over items clustered by entity/sample, pooled over seeds; the "
+                 "difference also as the t-interval of the seeds' paired differences, and "
+                 "'better'/'worse' only when both exclude 0; "
                  f"{cfg.rounds} rounds x {cfg.local_steps} local steps, batch {cfg.batch_size}. "
                  "Paper (Qwen2.5-1.5B): "
                  + "; ".join(f"{k} {v}" for k, v in PAPER_CELLS.get(cfg.experiment, {}).items())

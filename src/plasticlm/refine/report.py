@@ -7,7 +7,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from plasticlm.eval import CI, format_ci, pooled_bootstrap_ci
+from plasticlm.eval import CI, format_ci, format_paired, paired_seed_ci, pooled_bootstrap_ci
 from plasticlm.plotting import plt
 
 # The paper's numbers (FedRefine: Federated Inference for Heterogeneous LLM Communication
@@ -160,16 +160,23 @@ def transfer_table(report: dict) -> str:
                  f"best {oracle['best_fused_pp']:+.1f} pp at the positions C2C fuses, "
                  f"{oracle['best_last_pp']:+.1f} pp at the last prompt token.")
     lines = [head, "",
+             "Differences are paired on the same items, pooled over seeds; in brackets, where "
+             "recorded, the t-interval of the seeds' differences (a control with one seed "
+             "pairs with every seed).", "",
              "| row (4-way choice, held-out entities) | accuracy [95% CI] | minus alone | "
              "minus its control | its control | minus control, taught entities only |",
              "|---|---|---|---|---|---|"]
+    def diff(r: dict, key: str) -> str:
+        if key not in r:
+            return "-"
+        if f"{key}_over_seeds" in r:   # results summarised before 2026-12-03 lack it
+            return format_paired(CI(**r[key]), CI(**r[f"{key}_over_seeds"]))
+        return format_ci(CI(**r[key]))
+
     for label, r in report["results"].items():
-        control = format_ci(CI(**r["minus_control"])) if "minus_control" in r else "-"
-        taught = (format_ci(CI(**r["minus_control_on_taught"]))
-                  if "minus_control_on_taught" in r else "-")
         lines.append(f"| {label} | {format_ci(CI(**r['accuracy']))} | "
-                     f"{format_ci(CI(**r['minus_alone']))} | {control} | "
-                     f"{r.get('control', '-')} | {taught} |")
+                     f"{diff(r, 'minus_alone')} | {diff(r, 'minus_control')} | "
+                     f"{r.get('control', '-')} | {diff(r, 'minus_control_on_taught')} |")
     lines.append("")
     lines.append(f"{report['n_eval']} test questions about {report['test_entities']} entities "
                  "that no fuser saw; chance 25%. The control transmitter has the specialist's "
@@ -208,6 +215,14 @@ def probe_summary(extra: dict, key: str, groups: list[str]) -> tuple[dict, float
     return rows, max(fused, default=float("nan")), max(last, default=float("nan"))
 
 
+def _paired(entry: dict, key: str, scores, baseline, groups) -> None:
+    """``entry[key]``: the entity-clustered paired difference pooled over seeds; beside it,
+    ``entry[key + "_over_seeds"]``: the t-interval of the seeds' differences."""
+    entry[key] = dataclasses.asdict(pooled_bootstrap_ci(scores, baseline_per_seed=baseline,
+                                                        groups_per_seed=groups))
+    entry[f"{key}_over_seeds"] = dataclasses.asdict(paired_seed_ci(scores, baseline))
+
+
 def transfer_results(scores: dict[str, list[list[float]]], extra: dict, groups: list[str]
                      ) -> dict:
     """Per row: accuracy, minus alone and minus its control (and, for a transmitter taught a
@@ -221,23 +236,20 @@ def transfer_results(scores: dict[str, list[list[float]]], extra: dict, groups: 
         entry = {"accuracy": dataclasses.asdict(pooled_bootstrap_ci(per_seed, groups_per_seed=g)),
                  "seeds": len(per_seed)}
         alone = scores["alone"] * len(per_seed)
-        entry["minus_alone"] = dataclasses.asdict(
-            pooled_bootstrap_ci(per_seed, baseline_per_seed=alone, groups_per_seed=g))
+        _paired(entry, "minus_alone", per_seed, alone, g)
         control = control_of(label)
         if control in scores and len(scores[control]) >= 1:
             ctrl = scores[control]
             ctrl = (ctrl * len(per_seed))[: len(per_seed)] if len(ctrl) < len(per_seed) else \
                 ctrl[: len(per_seed)]
             entry["control"] = control
-            entry["minus_control"] = dataclasses.asdict(
-                pooled_bootstrap_ci(per_seed, baseline_per_seed=ctrl, groups_per_seed=g))
+            _paired(entry, "minus_control", per_seed, ctrl, g)
             owner = owner_of(label, extra)
             if owner is not None:
                 mine = [o == owner[1] for o in owner[0]]
                 keep = [[x for x, m in zip(row, mine) if m] for row in per_seed]
                 base = [[x for x, m in zip(row, mine) if m] for row in ctrl]
                 sub = [[gr for gr, m in zip(groups, mine) if m]] * len(per_seed)
-                entry["minus_control_on_taught"] = dataclasses.asdict(pooled_bootstrap_ci(
-                    keep, baseline_per_seed=base, groups_per_seed=sub))
+                _paired(entry, "minus_control_on_taught", keep, base, sub)
         results[label] = entry
     return results
