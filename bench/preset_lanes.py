@@ -39,11 +39,16 @@ SHAPES = {"receiver": ("receiver", 8, 257),
           "receiver-drill": ("receiver", 16, 209),   # drills: 16 rows of 142-282 tokens
           "llama": ("transmitter-llama", 8, 257),
           "qwen2": ("transmitter-qwen2", 8, 257)}
+# Side-by-side pairs: the receiver's lane beside the Llama shape of the other lane.
+LANE_A = ("receiver", "receiver-drill")
+PAIRS = tuple((shape, "llama") for shape in LANE_A)
 WARMUP = 3
+STARTUP = 6.0    # seconds for side-by-side workers to import torch and build their models
 
 
-def step_seconds(shape: str, threads: int, seconds: float) -> dict:
-    """Mean seconds per AdamW step of ``shape`` at ``threads`` threads, over ``seconds``."""
+def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> dict:
+    """Mean seconds per AdamW step of ``shape`` at ``threads`` threads over ``seconds``,
+    timed from ``start_at`` (wall clock) on, so that workers started together overlap."""
     import torch
 
     from plasticlm.models.pretrain import lm_loss
@@ -52,11 +57,13 @@ def step_seconds(shape: str, threads: int, seconds: float) -> dict:
 
     torch.set_num_threads(threads)
     name, batch, width = SHAPES[shape]
-    spec = next(m for m in get_preset("sandbox").models if m.name == name)
-    vocab = {"bpe1024": 1024, "bpe768": 768}[spec.tokenizer]
-    model = build_model(spec, vocab, 2048)
+    preset = get_preset("sandbox")
+    spec = next(m for m in preset.models if m.name == name)
+    vocab = next(t.vocab_size for t in preset.tokenizers if t.name == spec.tokenizer)
+    model = build_model(spec, vocab, max(2048, 4 * preset.seq_len))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(vocab, (batch, width), generator=torch.Generator().manual_seed(0))
+    time.sleep(max(0.0, start_at - time.time()))
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < WARMUP + 3 or time.perf_counter() - start < seconds:
@@ -71,9 +78,11 @@ def step_seconds(shape: str, threads: int, seconds: float) -> dict:
 
 
 def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
-    """Run ``(shape, threads)`` jobs at once, each in its own process."""
+    """Run ``(shape, threads)`` jobs at once, each in its own process, timing from one
+    moment on (after every worker has imported torch and built its model)."""
+    start_at = time.time() + STARTUP
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", shape, str(threads),
-                               str(seconds)], stdout=subprocess.PIPE, text=True)
+                               str(seconds), str(start_at)], stdout=subprocess.PIPE, text=True)
              for shape, threads in jobs]
     out = []
     for p in procs:
@@ -85,96 +94,134 @@ def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
 
 
 def measure(seconds: float, repeats: int) -> dict:
-    """Median seconds per step of every shape alone (1 and 2 threads) and of the receiver's
-    shapes and the Llama's side by side (1 thread each), over ``repeats`` rounds that visit
-    every condition once, so that a drift of the machine's speed spreads over all of them."""
+    """Seconds per step of every shape alone (1 and 2 threads) and of each of PAIRS side by
+    side (1 thread each), over ``repeats`` rounds that visit every condition once, so that a
+    drift of the machine's speed spreads over all of them. Returns every round's values."""
     runs: dict[str, list[float]] = {}
     for r in range(repeats):
         for shape in SHAPES:
             for threads in (2, 1):
                 runs.setdefault(f"{shape}@{threads}", []).append(
                     _workers([(shape, threads)], seconds)[0]["seconds_per_step"])
-        for pair in (("receiver", "llama"), ("receiver-drill", "llama")):
-            for s, row in zip(pair, _workers([(s, 1) for s in pair], seconds)):
-                other = pair[1] if s == pair[0] else pair[0]
-                runs.setdefault(f"{s}@1 beside {other}", []).append(row["seconds_per_step"])
+        for a, b in PAIRS:
+            ra, rb = _workers([(a, 1), (b, 1)], seconds)
+            runs.setdefault(_beside(a, b), []).append(ra["seconds_per_step"])
+            runs.setdefault(_beside(b, a), []).append(rb["seconds_per_step"])
         print(f"round {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.3f}"
                                                         for k, v in runs.items()), flush=True)
-    median = {k: statistics.median(v) for k, v in runs.items()}
-    return {"alone": {k: v for k, v in median.items() if "beside" not in k},
-            "beside": {k: v for k, v in median.items() if "beside" in k}, "runs": runs}
+    return runs
 
 
-def estimate(report: dict, m: dict, drill_scale: float = 1.0) -> dict:
-    """Serial (the report), floor and two-lane wall seconds for the report's machine, with
+def _beside(shape: str, other: str) -> str:
+    return f"{shape}@1 beside {other}"
+
+
+def _lanes(a: list[dict], b: list[dict]) -> float:
+    """Wall seconds of two lanes of stages run side by side, each stage ``{"two": seconds at
+    2 threads alone, "one": at 1 thread alone, "shape": ...}``: while both lanes run, each
+    stage goes at its 1-thread speed slowed by ``slow[(its shape, the other's shape)]``; a
+    lane left alone runs its stages at 2 threads."""
+    lanes = [[dict(x, left=1.0) for x in a], [dict(x, left=1.0) for x in b]]
+    t = 0.0
+    while all(lanes):
+        x, y = lanes[0][0], lanes[1][0]
+        rate_x = 1 / (x["one"] * x["slow"][y["shape"]])   # fraction of the stage per second
+        rate_y = 1 / (y["one"] * y["slow"][x["shape"]])
+        dt = min(x["left"] / rate_x, y["left"] / rate_y)
+        t += dt
+        x["left"] -= dt * rate_x
+        y["left"] -= dt * rate_y
+        for lane in lanes:
+            if lane[0]["left"] <= 1e-12:
+                lane.pop(0)
+    rest = lanes[0] or lanes[1]
+    return t + sum(x["left"] * x["two"] for x in rest)
+
+
+def estimate(report: dict, m: dict[str, float], drill_scale: float = 1.0) -> dict:
+    """One-after-another (the report's), floor and two-lane wall seconds for the machine of
+    ``report`` (its stage seconds at 2 threads, scaled by this machine's ratios ``m``), with
     the receiver's drill stage scaled by ``drill_scale`` (e.g. 3 for 600 drill steps)."""
-    a, b = m["alone"], m["beside"]
 
-    def one_thread(shape: str) -> float:
-        return a[f"{shape}@1"] / a[f"{shape}@2"]
+    def one(shape: str) -> float:
+        return m[f"{shape}@1"] / m[f"{shape}@2"]
 
-    def beside(shape: str) -> float:
-        return next(v for k, v in b.items() if k.startswith(f"{shape}@1 beside")) / a[f"{shape}@1"]
+    def slow(shape: str) -> dict[str, float]:
+        # The slow-down beside each shape of the other lane. The receiver's lane was paired
+        # with the Llama shape only, so the Qwen2 transmitter takes the Llama's figures.
+        if shape in LANE_A:
+            f = m[_beside(shape, "llama")] / m[f"{shape}@1"]
+            return {"llama": f, "qwen2": f}
+        return {other: m[_beside("llama", other)] / m["llama@1"] for other in LANE_A}
+
+    def stage(seconds: float, shape: str) -> dict:
+        return {"two": seconds, "one": seconds * one(shape), "shape": shape, "slow": slow(shape)}
 
     rec = report["models"]["receiver"]
-    # (seconds at 2 threads, 1-thread factor, slow-down beside the other lane). Probes and the
-    # receiver's before-drill probes go with the nearest training shape (forward-only, an
-    # approximation); the Qwen2 transmitter takes the Llama's slow-down (not measured).
-    lane_a = [(rec["pretrain_seconds"], one_thread("receiver"), beside("receiver")),
-              (rec["drill_seconds"] * drill_scale, one_thread("receiver-drill"),
-               beside("receiver-drill")),
-              (rec["train_seconds"] - rec["pretrain_seconds"] - rec["drill_seconds"]
-               + rec["eval_seconds"], one_thread("receiver"), beside("receiver"))]
-    lane_b = []
-    for name, shape in (("transmitter-llama", "llama"), ("transmitter-qwen2", "qwen2"),
-                        ("specialist", "llama")):
-        e = report["models"][name]
-        lane_b.append((e["train_seconds"] + e["eval_seconds"], one_thread(shape), beside("llama")))
-    added = rec["drill_seconds"] * (drill_scale - 1)
-    setup = report["total_seconds"] + added - sum(
-        s for s, _, _ in lane_a + lane_b)   # world, tokenizers, writing folders
-    serial = setup + sum(s for s, _, _ in lane_a + lane_b)
-    floor = setup + sum(s * f for s, f, _ in lane_a + lane_b) / 2
-    a1 = sum(s * f * x for s, f, x in lane_a)
-    b1 = sum(s * f * x for s, f, x in lane_b)
-    if b1 <= a1:   # lane B ends first; lane A does the rest of its work at 2 threads
-        lanes = setup + b1 + (1 - b1 / a1) * sum(s for s, _, _ in lane_a)
-    else:
-        lanes = setup + a1 + (1 - a1 / b1) * sum(s for s, _, _ in lane_b)
-    return {"serial": round(serial, 1), "floor": round(floor, 1), "two_lanes": round(lanes, 1),
-            "lane_a_1thread": round(a1, 1), "lane_b_1thread": round(b1, 1),
+    probes = rec["train_seconds"] - rec["pretrain_seconds"] - rec["drill_seconds"]
+    # Probes go with the nearest training shape (forward-only, an approximation).
+    lane_a = [stage(rec["pretrain_seconds"], "receiver"),
+              stage(rec["drill_seconds"] * drill_scale, "receiver-drill"),
+              stage(probes + rec["eval_seconds"], "receiver")]
+    lane_b = [stage(report["models"][name]["train_seconds"]
+                    + report["models"][name]["eval_seconds"], shape)
+              for name, shape in (("transmitter-llama", "llama"), ("specialist", "llama"),
+                                  ("transmitter-qwen2", "qwen2"))]
+    staged = sum(x["two"] for x in lane_a + lane_b)
+    setup = report["total_seconds"] + rec["drill_seconds"] * (drill_scale - 1) - staged
+    return {"serial": round(setup + staged, 1),
+            "floor": round(setup + sum(x["one"] for x in lane_a + lane_b) / 2, 1),
+            "two_lanes": round(setup + _lanes(lane_a, lane_b), 1),
+            "others_seconds": round(sum(x["two"] for x in lane_b), 1),
+            "receiver_seconds": round(sum(x["two"] for x in lane_a), 1),
             "setup": round(setup, 1), "drill_scale": drill_scale,
             "drill_steps": round(rec["spec"]["drill_steps"] * drill_scale)}
 
 
+def _median(runs: dict[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def _rounds(runs: dict[str, list[float]]) -> list[dict[str, float]]:
+    return [{k: v[i] for k, v in runs.items()} for i in range(len(next(iter(runs.values()))))]
+
+
 def render(result: dict) -> str:
-    a, b = result["measured"]["alone"], result["measured"]["beside"]
+    m = _median(result["measured"])
     lines = ["Seconds per training step on this machine (the preset's shapes, random tokens; "
              f"median of {result['repeats']} rounds):", "",
-             "| step | 2 threads | 1 thread alone | 2 threads' speed-up | 1 thread beside "
-             "another training |", "|---|---|---|---|---|"]
+             "| step | 2 threads | 1 thread alone | 2 threads' speed-up |", "|---|---|---|---|"]
     for shape in SHAPES:
-        near = [v for k, v in b.items() if k.startswith(f"{shape}@1 beside")]
-        lines.append(f"| {shape} | {a[f'{shape}@2']:.3f} | {a[f'{shape}@1']:.3f} | "
-                     f"{a[f'{shape}@1'] / a[f'{shape}@2']:.2f}x | "
-                     + (f"{near[0]:.3f} ({100 * (near[0] / a[f'{shape}@1'] - 1):+.0f}%)"
-                        if near else "-") + " |")
+        lines.append(f"| {shape} | {m[f'{shape}@2']:.3f} | {m[f'{shape}@1']:.3f} | "
+                     f"{m[f'{shape}@1'] / m[f'{shape}@2']:.2f}x |")
+    lines += ["", "Side by side, 1 thread each (both timed over the same seconds); the Qwen2 "
+              "transmitter was not paired and takes the Llama's figures:", "",
+              "| step | beside | seconds per step | against alone |", "|---|---|---|---|"]
+    for a, b in PAIRS:
+        for x, y in ((a, b), (b, a)):
+            v = m[_beside(x, y)]
+            lines.append(f"| {x} | {y} | {v:.3f} | {100 * (v / m[f'{x}@1'] - 1):+.0f}% |")
     lines += ["", "Wall seconds of the whole preset, from each report's stage times (2 threads, "
-              "one model after another) and the ratios above:", "",
-              "| report | receiver drills | serial | two lanes | floor: every core busy at 1 "
-              "thread, no interference | 10-minute target |", "|---|---|---|---|---|---|"]
+              "one model after another) and the ratios above; the floor's range is over the "
+              "rounds:", "",
+              "| report | receiver drills | one after another | two lanes | floor: every core "
+              "busy at 1 thread, no interference | rounds whose floor is <= 600 s |",
+              "|---|---|---|---|---|---|"]
     for name, e in result["estimates"].items():
         report = name.rsplit(" x", 1)[0]
         drills = (f"{e['drill_steps']} steps"
                   + (" (the report's)" if e["drill_scale"] == 1 else ", scaled from the report's"))
+        lo, hi = min(e["floor_rounds"]), max(e["floor_rounds"])
         lines.append(f"| {report} | {drills} | {e['serial']:.0f} | {e['two_lanes']:.0f} | "
-                     f"{e['floor']:.0f} | {'within' if e['floor'] <= 600 else 'out of reach'} |")
+                     f"{e['floor']:.0f} ({lo:.0f}-{hi:.0f}) | "
+                     f"{sum(x <= 600 for x in e['floor_rounds'])} of {len(e['floor_rounds'])} |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        print(json.dumps(step_seconds(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))))
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        print(json.dumps(step_seconds(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                                      float(sys.argv[5]))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0,
@@ -187,6 +234,8 @@ def main() -> None:
                     help="also estimate with the receiver's drills this many times longer "
                          "(3: the candidate v3 receiver's 600 drill steps)")
     ap.add_argument("--out", type=Path, default=RESULTS / "preset_lanes.json")
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="estimate and render again from a saved result's measurements")
     args = ap.parse_args()
     if args.seconds <= 0 or args.drill_scale <= 0 or args.repeats < 1:
         raise SystemExit("--seconds and --drill-scale must be > 0, --repeats >= 1")
@@ -198,12 +247,26 @@ def main() -> None:
         reports[path.stem] = json.loads(path.read_text())
     from plasticlm.runs import machine
 
-    measured = measure(args.seconds, args.repeats)
-    result = {"machine": machine(), "loadavg": [round(x, 2) for x in os.getloadavg()],
-              "seconds_per_measure": args.seconds, "repeats": args.repeats,
-              "measured": measured,
-              "estimates": {f"{k} x{scale:g}": estimate(r, measured, scale)
-                            for scale in (1.0, args.drill_scale) for k, r in reports.items()}}
+    if args.from_json:
+        result = json.loads(args.from_json.read_text())
+        if "loadavg_start" not in result:
+            raise SystemExit(f"{args.from_json} predates the per-round measurements; run the "
+                             "bench again")
+        args.out = args.from_json
+    else:
+        start = [round(x, 2) for x in os.getloadavg()]
+        runs = measure(args.seconds, args.repeats)
+        result = {"machine": machine(), "loadavg_start": start,
+                  "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                  "seconds_per_measure": args.seconds, "repeats": args.repeats,
+                  "measured": runs}
+    runs = result["measured"]
+    result["estimates"] = {}
+    for scale in dict.fromkeys((1.0, args.drill_scale)):
+        for k, r in reports.items():
+            e = estimate(r, _median(runs), scale)
+            e["floor_rounds"] = [estimate(r, one, scale)["floor"] for one in _rounds(runs)]
+            result["estimates"][f"{k} x{scale:g}"] = e
     result["table"] = render(result)
     print("\n" + result["table"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

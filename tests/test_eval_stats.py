@@ -1,5 +1,6 @@
 """plasticlm.eval statistics (bootstrap, seed intervals) and control measures."""
 
+import json
 import random
 from collections import namedtuple
 
@@ -17,9 +18,11 @@ from plasticlm.eval import (
     entity_swap_control,
     format_ci,
     format_paired,
+    format_summary,
     is_legal,
     legal_answer_rate,
     paired_seed_ci,
+    paired_summary,
     pooled_bootstrap_ci,
     seed_ci,
     swap_entity,
@@ -202,6 +205,25 @@ def test_verdict_of_a_recipe_needs_the_seeds_to_agree():
                    over_seeds=CI(-0.05, -0.07, -0.03, 3, 0.95)) == "worse"
     # one seed is no evidence over seeds: the items decide
     assert verdict(items, over_seeds=CI(0.05, 0.05, 0.05, 1, 0.95, degenerate=True)) == "better"
+    # seeds of unequal size can put the two means on opposite sides: nothing is established
+    assert verdict(items, over_seeds=CI(-0.01, -0.02, -0.005, 3, 0.95)) == "no difference"
+    # a loss, where lower is better
+    assert verdict(CI(-0.05, -0.08, -0.02, 1000, 0.95), higher_is_better=False,
+                   over_seeds=CI(-0.05, -0.07, -0.03, 3, 0.95)) == "better"
+
+
+def test_paired_summary_round_trips_through_json_and_renders_both_intervals():
+    scores = [[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]]
+    baseline = [[0, 0, 1, 1], [1, 1, 0, 0], [0, 0, 1, 1]]
+    entry = json.loads(json.dumps(paired_summary("minus_control", scores, baseline)))
+    assert CI(**entry["minus_control"]) == pooled_bootstrap_ci(scores, baseline)
+    assert CI(**entry["minus_control_over_seeds"]) == paired_seed_ci(scores, baseline)
+    assert format_summary(entry, "minus_control") == format_paired(
+        pooled_bootstrap_ci(scores, baseline), paired_seed_ci(scores, baseline))
+    # a summary written before the seeds' interval existed, and a missing key
+    old = {"minus_control": entry["minus_control"]}
+    assert format_summary(old, "minus_control") == format_ci(CI(**entry["minus_control"]))
+    assert format_summary(old, "minus_alone") == "-"
 
 
 def test_format_paired_renders_both_intervals():

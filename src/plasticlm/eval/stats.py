@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
@@ -307,3 +307,27 @@ def paired_seed_ci(per_seed_scores: Sequence[float | Sequence[float]],
                              "pair by position")
         diffs.append(float((a - b).mean()))
     return seed_ci(diffs, level)
+
+
+def paired_summary(key: str, per_seed_scores: Sequence[Sequence[float]],
+                   baseline_per_seed: Sequence[Sequence[float]],
+                   groups_per_seed: Sequence[Sequence[Hashable]] | None = None) -> dict:
+    """A recipe comparison as JSON-ready entries: ``key`` the paired
+    :func:`pooled_bootstrap_ci` over the items of all seeds ([seeds][items]), and
+    ``key + "_over_seeds"`` the :func:`paired_seed_ci` of the same pairs. Read back with
+    :func:`format_summary`."""
+    pooled = pooled_bootstrap_ci(per_seed_scores, baseline_per_seed,
+                                 groups_per_seed=groups_per_seed)
+    return {key: asdict(pooled),
+            f"{key}_over_seeds": asdict(paired_seed_ci(per_seed_scores, baseline_per_seed))}
+
+
+def format_summary(entry: Mapping, key: str, scale: float = 100, digits: int = 1) -> str:
+    """``entry[key]`` rendered: with its ``_over_seeds`` interval by :func:`format_paired`,
+    alone (summaries written before it existed) by :func:`format_ci`; "-" when absent."""
+    if key not in entry:
+        return "-"
+    pooled = CI(**entry[key])
+    over = entry.get(f"{key}_over_seeds")
+    return (format_paired(pooled, CI(**over), scale, digits) if over
+            else format_ci(pooled, scale, digits))

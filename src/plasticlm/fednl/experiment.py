@@ -148,22 +148,24 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
     chance = "25%" if cfg.experiment != "mmlu" else "25% (4 choices)"
     book = any("closed_book" in r for row in rows.values() for r in row["runs"])
     lines = [f"| {cfg.experiment}: variant | attention | accuracy [95% CI] | minus fedavg LoRA, "
-             "window [paired 95% CI] (seeds [95% CI of the seeds' differences]) | verdict | aggregation drop, pp [95% CI over seeds] | "
-             "theta KB | paper |" + (" closed-book [95% CI] |" if book else ""),
+             "window [paired 95% CI] (seeds [95% CI of the seeds' differences]) | verdict | "
+             "aggregation drop, pp [95% CI over seeds] | theta KB | paper |"
+             + (" closed-book [95% CI] |" if book else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if book else "")]
     for label, row in rows.items():
         v, runs = row["variant"], row["runs"]
         diff = pooled_bootstrap_ci([r["correct"] for r in runs],
                                    baseline_per_seed=[r["correct"] for r in ref],
                                    groups_per_seed=[r["groups"] for r in runs])
-        seeds = paired_seed_ci([r["correct"] for r in runs], [r["correct"] for r in ref])
+        over_seeds = paired_seed_ci([r["correct"] for r in runs], [r["correct"] for r in ref])
         drops = [r["drop"] for r in runs if "drop" in r]
         drop = format_ci(seed_ci(drops)) if drops else "-"
         same = label == "fedavg LoRA, window"
         lines.append(
             f"| {label} | {'full' if v.window == 0 else f'window {v.window}'} | "
-            f"{format_ci(row['ci'])} | {'-' if same else format_paired(diff, seeds)} | "
-            f"{'-' if same else verdict(diff, over_seeds=seeds)} | {drop} | {runs[0]['theta_bytes'] / 1e3:.1f} | "
+            f"{format_ci(row['ci'])} | {'-' if same else format_paired(diff, over_seeds)} | "
+            f"{'-' if same else verdict(diff, over_seeds=over_seeds)} | {drop} | "
+            f"{runs[0]['theta_bytes'] / 1e3:.1f} | "
             f"{PAPER_CELLS.get(cfg.experiment, {}).get(label, '-')} |"
             + (f" {_closed_book_cell(runs)} |" if book else ""))
     seeds = len(finished_seeds(cfg, results))

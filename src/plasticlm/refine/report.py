@@ -7,7 +7,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from plasticlm.eval import CI, format_ci, format_paired, paired_seed_ci, pooled_bootstrap_ci
+from plasticlm.eval import CI, format_ci, format_summary, paired_summary, pooled_bootstrap_ci
 from plasticlm.plotting import plt
 
 # The paper's numbers (FedRefine: Federated Inference for Heterogeneous LLM Communication
@@ -166,17 +166,11 @@ def transfer_table(report: dict) -> str:
              "| row (4-way choice, held-out entities) | accuracy [95% CI] | minus alone | "
              "minus its control | its control | minus control, taught entities only |",
              "|---|---|---|---|---|---|"]
-    def diff(r: dict, key: str) -> str:
-        if key not in r:
-            return "-"
-        if f"{key}_over_seeds" in r:   # results summarised before 2026-12-03 lack it
-            return format_paired(CI(**r[key]), CI(**r[f"{key}_over_seeds"]))
-        return format_ci(CI(**r[key]))
-
     for label, r in report["results"].items():
         lines.append(f"| {label} | {format_ci(CI(**r['accuracy']))} | "
-                     f"{diff(r, 'minus_alone')} | {diff(r, 'minus_control')} | "
-                     f"{r.get('control', '-')} | {diff(r, 'minus_control_on_taught')} |")
+                     f"{format_summary(r, 'minus_alone')} | "
+                     f"{format_summary(r, 'minus_control')} | {r.get('control', '-')} | "
+                     f"{format_summary(r, 'minus_control_on_taught')} |")
     lines.append("")
     lines.append(f"{report['n_eval']} test questions about {report['test_entities']} entities "
                  "that no fuser saw; chance 25%. The control transmitter has the specialist's "
@@ -215,14 +209,6 @@ def probe_summary(extra: dict, key: str, groups: list[str]) -> tuple[dict, float
     return rows, max(fused, default=float("nan")), max(last, default=float("nan"))
 
 
-def _paired(entry: dict, key: str, scores, baseline, groups) -> None:
-    """``entry[key]``: the entity-clustered paired difference pooled over seeds; beside it,
-    ``entry[key + "_over_seeds"]``: the t-interval of the seeds' differences."""
-    entry[key] = dataclasses.asdict(pooled_bootstrap_ci(scores, baseline_per_seed=baseline,
-                                                        groups_per_seed=groups))
-    entry[f"{key}_over_seeds"] = dataclasses.asdict(paired_seed_ci(scores, baseline))
-
-
 def transfer_results(scores: dict[str, list[list[float]]], extra: dict, groups: list[str]
                      ) -> dict:
     """Per row: accuracy, minus alone and minus its control (and, for a transmitter taught a
@@ -236,20 +222,20 @@ def transfer_results(scores: dict[str, list[list[float]]], extra: dict, groups: 
         entry = {"accuracy": dataclasses.asdict(pooled_bootstrap_ci(per_seed, groups_per_seed=g)),
                  "seeds": len(per_seed)}
         alone = scores["alone"] * len(per_seed)
-        _paired(entry, "minus_alone", per_seed, alone, g)
+        entry.update(paired_summary("minus_alone", per_seed, alone, g))
         control = control_of(label)
         if control in scores and len(scores[control]) >= 1:
             ctrl = scores[control]
             ctrl = (ctrl * len(per_seed))[: len(per_seed)] if len(ctrl) < len(per_seed) else \
                 ctrl[: len(per_seed)]
             entry["control"] = control
-            _paired(entry, "minus_control", per_seed, ctrl, g)
+            entry.update(paired_summary("minus_control", per_seed, ctrl, g))
             owner = owner_of(label, extra)
             if owner is not None:
                 mine = [o == owner[1] for o in owner[0]]
                 keep = [[x for x, m in zip(row, mine) if m] for row in per_seed]
                 base = [[x for x, m in zip(row, mine) if m] for row in ctrl]
                 sub = [[gr for gr, m in zip(groups, mine) if m]] * len(per_seed)
-                _paired(entry, "minus_control_on_taught", keep, base, sub)
+                entry.update(paired_summary("minus_control_on_taught", keep, base, sub))
         results[label] = entry
     return results

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plasticlm.eval import CI, format_ci, format_paired, paired_seed_ci, pooled_bootstrap_ci
+from plasticlm.eval import format_summary, paired_summary, pooled_bootstrap_ci
 from plasticlm.plotting import plt
 
 # What each method is, as the tables name it (batch TTT trains once on the whole stream:
@@ -47,13 +47,6 @@ def _mc_cells(report: dict, name: str) -> tuple[list[float], list[float]] | None
     return m["mc_diag"], m["mc_last"][:-1]
 
 
-def _paired(entry: dict, key: str, scores, baseline) -> None:
-    """``entry[key]``: the paired difference pooled over seeds x contexts; beside it,
-    ``entry[key + "_over_seeds"]``: the t-interval of the seeds' differences."""
-    entry[key] = asdict(pooled_bootstrap_ci(scores, baseline_per_seed=baseline))
-    entry[f"{key}_over_seeds"] = asdict(paired_seed_ci(scores, baseline))
-
-
 def _closed_set_summary(reports: list[dict], name: str) -> dict:
     """Closed-set MC immediate and retention with intervals, net of the untouched model and
     paired against the untrained policy and the fixed last layer (empty for older runs)."""
@@ -65,11 +58,12 @@ def _closed_set_summary(reports: list[dict], name: str) -> dict:
     out = {"mc_immediate": asdict(pooled_bootstrap_ci(imm)),
            "mc_retention": asdict(pooled_bootstrap_ci(ret)),
            "mc_chance": sum(r["methods"][name]["mc_chance"] for r in reports) / len(reports)}
-    _paired(out, "mc_retention_minus_base", ret, [b[:-1] for b in base])
+    out.update(paired_summary("mc_retention_minus_base", ret, [b[:-1] for b in base]))
     for control in ("untrained_policy", "fixed_last"):
         other = [_mc_cells(r, control) if control in r["methods"] else None for r in reports]
         if control != name and all(o is not None for o in other):
-            _paired(out, f"mc_retention_minus_{control}", ret, [o[1] for o in other])
+            out.update(paired_summary(f"mc_retention_minus_{control}", ret,
+                                      [o[1] for o in other]))
     return out
 
 
@@ -85,30 +79,32 @@ def summarise_seeds(reports: list[dict]) -> dict:
         ret = [_cells(r, name)[1] for r in reports]
         entry = {"immediate": asdict(pooled_bootstrap_ci(imm)),
                  "retention": asdict(pooled_bootstrap_ci(ret))}
-        _paired(entry, "retention_minus_base", ret, base)
+        entry.update(paired_summary("retention_minus_base", ret, base))
         for control in ("untrained_policy", "fixed_last", "sequential_ft"):
             if control in methods and control != name:
-                _paired(entry, f"immediate_minus_{control}", imm,
-                        [_cells(r, control)[0] for r in reports])
-                _paired(entry, f"retention_minus_{control}", ret,
-                        [_cells(r, control)[1] for r in reports])
-        _paired(entry, "immediate_minus_base", imm, [r["base_matrix_em"][-1] for r in reports])
+                entry.update(paired_summary(f"immediate_minus_{control}", imm,
+                                            [_cells(r, control)[0] for r in reports]))
+                entry.update(paired_summary(f"retention_minus_{control}", ret,
+                                            [_cells(r, control)[1] for r in reports]))
+        entry.update(paired_summary("immediate_minus_base", imm,
+                                    [r["base_matrix_em"][-1] for r in reports]))
         swap_imm = [r["methods"][name].get("swap_diag") or [] for r in reports]
         swap_ret = [(r["methods"][name].get("swap_last") or [])[:-1] for r in reports]
         # the untouched model's answers to the swapped questions, one per context
         base_swap = [r.get("base_swap_last") or [] for r in reports]
         if all(swap_imm) and all(len(x) == len(y) for x, y in zip(swap_imm, imm)):
             entry["immediate_swapped"] = asdict(pooled_bootstrap_ci(swap_imm))
-            _paired(entry, "immediate_minus_swapped", imm, swap_imm)
+            entry.update(paired_summary("immediate_minus_swapped", imm, swap_imm))
             # What a commit adds to the unseen entity's answers, over the untouched model's
             # answers to the same swapped questions: the entity-independent part of the gain.
             if all(len(b) == len(x) for b, x in zip(base_swap, swap_imm)):
-                _paired(entry, "immediate_swapped_minus_base", swap_imm, base_swap)
+                entry.update(paired_summary("immediate_swapped_minus_base", swap_imm,
+                                            base_swap))
         if all(swap_ret) and all(len(x) == len(y) for x, y in zip(swap_ret, ret)):
             entry["retention_swapped"] = asdict(pooled_bootstrap_ci(swap_ret))
             if all(len(b) == len(x) + 1 for b, x in zip(base_swap, swap_ret)):
-                _paired(entry, "retention_swapped_minus_base", swap_ret,
-                        [b[:-1] for b in base_swap])
+                entry.update(paired_summary("retention_swapped_minus_base", swap_ret,
+                                            [b[:-1] for b in base_swap]))
         entry.update(_closed_set_summary(reports, name))
         legal = [r["methods"][name].get("legal_final") for r in reports]
         base_legal = [r.get("base_legal") for r in reports]
@@ -124,12 +120,7 @@ def summarise_seeds(reports: list[dict]) -> dict:
 
 def seeds_markdown(report: dict) -> str:
     """The seed-pooled table: every method beside the controls, then the paper."""
-    def ci(entry: dict, key: str) -> str:
-        if key not in entry:
-            return "-"
-        if f"{key}_over_seeds" in entry:   # runs summarised before 2026-12-03 lack it
-            return format_paired(CI(**entry[key]), CI(**entry[f"{key}_over_seeds"]))
-        return format_ci(CI(**entry[key]), scale=100)
+    ci = format_summary
 
     seeds = report["seeds"]
     lines = [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); EM in %, mean [95% CI] over "
