@@ -63,7 +63,8 @@ def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> d
     model = build_model(spec, vocab, max(2048, 4 * preset.seq_len))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(vocab, (batch, width), generator=torch.Generator().manual_seed(0))
-    time.sleep(max(0.0, start_at - time.time()))
+    late = time.time() - start_at   # > 0: this worker was not ready when timing began
+    time.sleep(max(0.0, -late))
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < WARMUP + 3 or time.perf_counter() - start < seconds:
@@ -74,7 +75,7 @@ def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> d
         times.append(time.perf_counter() - t)
     kept = times[WARMUP:]
     return {"shape": shape, "threads": threads, "steps": len(kept),
-            "seconds_per_step": sum(kept) / len(kept)}
+            "seconds_per_step": sum(kept) / len(kept), "late": round(max(0.0, late), 2)}
 
 
 def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
@@ -90,6 +91,9 @@ def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
         if p.returncode:
             raise SystemExit(f"a worker failed (exit {p.returncode})")
         out.append(json.loads(stdout.strip().splitlines()[-1]))
+    if len(out) > 1 and any(r["late"] > 0 for r in out):
+        print(f"warning: a side-by-side worker started {max(r['late'] for r in out):.1f} s "
+              f"late, so the pair overlapped less; raise STARTUP ({STARTUP} s)", flush=True)
     return out
 
 
@@ -118,10 +122,10 @@ def _beside(shape: str, other: str) -> str:
 
 def _lanes(a: list[dict], b: list[dict]) -> float:
     """Wall seconds of two lanes of stages run side by side, each stage ``{"two": seconds at
-    2 threads alone, "one": at 1 thread alone, "shape": ...}``: while both lanes run, each
-    stage goes at its 1-thread speed slowed by ``slow[(its shape, the other's shape)]``; a
-    lane left alone runs its stages at 2 threads."""
-    lanes = [[dict(x, left=1.0) for x in a], [dict(x, left=1.0) for x in b]]
+    2 threads alone, "one": at 1 thread alone, "shape": ..., "slow": {other shape: factor}}``:
+    while both lanes run, each stage goes at its 1-thread speed slowed by ``slow[the other
+    lane's current shape]``; a lane left alone runs its stages at 2 threads."""
+    lanes = [[dict(x, left=1.0) for x in lane if x["two"] > 0] for lane in (a, b)]
     t = 0.0
     while all(lanes):
         x, y = lanes[0][0], lanes[1][0]
@@ -163,6 +167,7 @@ def estimate(report: dict, m: dict[str, float], drill_scale: float = 1.0) -> dic
     lane_a = [stage(rec["pretrain_seconds"], "receiver"),
               stage(rec["drill_seconds"] * drill_scale, "receiver-drill"),
               stage(probes + rec["eval_seconds"], "receiver")]
+    # The specialist starts from the Llama transmitter's weights, so it follows it.
     lane_b = [stage(report["models"][name]["train_seconds"]
                     + report["models"][name]["eval_seconds"], shape)
               for name, shape in (("transmitter-llama", "llama"), ("specialist", "llama"),

@@ -120,8 +120,6 @@ def summarise_seeds(reports: list[dict]) -> dict:
 
 def seeds_markdown(report: dict) -> str:
     """The seed-pooled table: every method beside the controls, then the paper."""
-    ci = format_summary
-
     seeds = report["seeds"]
     lines = [f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); EM in %, mean [95% CI] over "
              "seeds x evaluation contexts; differences paired on the same contexts, with the "
@@ -135,12 +133,11 @@ def seeds_markdown(report: dict) -> str:
         p = PAPER.get(name, {})
         legal = (f"{100 * e['legal_final']:.0f}% (untouched {100 * e['legal_untouched']:.0f}%)"
                  if "legal_final" in e else "-")
-        lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate')} | "
-                     f"{ci(e, 'immediate_swapped')} | {ci(e, 'retention')} | "
-                     f"{ci(e, 'retention_swapped')} | {ci(e, 'retention_minus_base')} | "
-                     f"{ci(e, 'retention_minus_untrained_policy')} | "
-                     f"{ci(e, 'retention_minus_fixed_last')} | "
-                     f"{ci(e, 'immediate_minus_sequential_ft')} | {legal} | "
+        cells = " | ".join(format_summary(e, k) for k in (
+            "immediate", "immediate_swapped", "retention", "retention_swapped",
+            "retention_minus_base", "retention_minus_untrained_policy",
+            "retention_minus_fixed_last", "immediate_minus_sequential_ft"))
+        lines.append(f"| {LABELS.get(name, name)} | {cells} | {legal} | "
                      f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
     lines += ["", "Entity swapped: the same questions about an unseen entity of the same kind; "
               "what remains is what the template, the value set and recency give without "
@@ -169,11 +166,12 @@ def seeds_markdown(report: dict) -> str:
                 return "- (no gain)"
             return f"{100 * e[swapped]['mean'] / e[own]['mean']:.0f}%"
         for name, e in gains.items():
-            lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'immediate_minus_base')} | "
-                         f"{ci(e, 'immediate_swapped_minus_base')} | "
+            lines.append(f"| {LABELS.get(name, name)} | "
+                         f"{format_summary(e, 'immediate_minus_base')} | "
+                         f"{format_summary(e, 'immediate_swapped_minus_base')} | "
                          f"{share(e, 'immediate_minus_base', 'immediate_swapped_minus_base')} | "
-                         f"{ci(e, 'retention_minus_base')} | "
-                         f"{ci(e, 'retention_swapped_minus_base')} | "
+                         f"{format_summary(e, 'retention_minus_base')} | "
+                         f"{format_summary(e, 'retention_swapped_minus_base')} | "
                          f"{share(e, 'retention_minus_base', 'retention_swapped_minus_base')} |")
     mc = {name: e for name, e in report["summary"].items() if "mc_immediate" in e}
     if mc:
@@ -185,11 +183,10 @@ def seeds_markdown(report: dict) -> str:
                   "MC retention - untrained policy | MC retention - fixed last layer | "
                   "chance |", "|---|---|---|---|---|---|---|"]
         for name, e in mc.items():
-            lines.append(f"| {LABELS.get(name, name)} | {ci(e, 'mc_immediate')} | "
-                         f"{ci(e, 'mc_retention')} | {ci(e, 'mc_retention_minus_base')} | "
-                         f"{ci(e, 'mc_retention_minus_untrained_policy')} | "
-                         f"{ci(e, 'mc_retention_minus_fixed_last')} | "
-                         f"{100 * e['mc_chance']:.1f} |")
+            cells = " | ".join(format_summary(e, k) for k in (
+                "mc_immediate", "mc_retention", "mc_retention_minus_base",
+                "mc_retention_minus_untrained_policy", "mc_retention_minus_fixed_last"))
+            lines.append(f"| {LABELS.get(name, name)} | {cells} | {100 * e['mc_chance']:.1f} |")
     held = report.get("held_out_pairs")
     if held:
         lines.append(f"- Held-out preference pairs (best-of-K on the evaluation streams, "
