@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         closed_set_accuracy,
         format_ci,
         format_paired,
-        paired_seed_ci,
+        paired_intervals,
         pooled_bootstrap_ci,
     )
     from plasticlm.models import load_causal_lm
@@ -223,9 +223,8 @@ def main(argv=None) -> int:
                   f"({time.time() - t:.0f} s)", file=sys.stderr, flush=True)
     window_lora = scores["window + LoRA"]
     cis = {v: (pooled_bootstrap_ci(scores[v], groups_per_seed=[groups] * args.seeds),
-               pooled_bootstrap_ci(scores[v], baseline_per_seed=window_lora,
-                                   groups_per_seed=[groups] * args.seeds),
-               paired_seed_ci(scores[v], window_lora)) for v in variants}
+               *paired_intervals(scores[v], window_lora, [groups] * args.seeds))
+           for v in variants}
     table = {v: {"accuracy": ci.mean, "low": ci.low, "high": ci.high,
                  "minus_window_lora": d.mean, "diff_low": d.low, "diff_high": d.high,
                  "diff_seeds_low": s.low, "diff_seeds_high": s.high,

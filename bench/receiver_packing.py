@@ -154,13 +154,7 @@ def main() -> None:
 def render(result: dict) -> str:
     """The Markdown tables of a result: each arm's means over seeds, then each arm minus the
     first, paired over the same questions and needles (pooled over seeds, and over seeds)."""
-    from plasticlm.eval import (
-        format_ci,
-        format_paired,
-        paired_seed_ci,
-        pooled_bootstrap_ci,
-        seed_ci,
-    )
+    from plasticlm.eval import format_ci, format_paired, paired_intervals, seed_ci
     from plasticlm.sandbox import PRESETS
 
     if "arms" not in result or "needle_choice" not in next(iter(result["runs"].values()))[0]:
@@ -194,10 +188,9 @@ def render(result: dict) -> str:
 
     def paired(rows: list[dict], column, groups=None) -> str:
         control = runs[0]
-        pooled = pooled_bootstrap_ci([column(r) for r in rows], [column(r) for r in control],
-                                     groups_per_seed=groups and [groups(r) for r in rows])
-        return format_paired(pooled, paired_seed_ci([column(r) for r in rows],
-                                                    [column(c) for c in control]))
+        return format_paired(*paired_intervals([column(r) for r in rows],
+                                               [column(c) for c in control],
+                                               groups and [groups(r) for r in rows]))
 
     n_mc = len(runs[0][0]["after_drills"]["correct"])
     n_needles = len(runs[0][0]["needle_choice"][needles[0]])

@@ -262,6 +262,11 @@ def _t_central_mass(theta: float, df: int) -> float:
     return s * total
 
 
+def _seed_scores(value, name: str) -> np.ndarray:
+    """One seed's value or item scores as a 1-d array."""
+    return _as_scores(np.atleast_1d(np.asarray(value, dtype=np.float64)), name)
+
+
 def seed_ci(values_per_seed: Sequence[float | Sequence[float]], level: float = 0.95) -> CI:
     """Mean over seeds and its t-interval ``mean +- t * sd / sqrt(seeds)``.
 
@@ -271,11 +276,8 @@ def seed_ci(values_per_seed: Sequence[float | Sequence[float]], level: float = 0
     if len(values_per_seed) == 0:
         raise ValueError("values_per_seed is empty: give one value (or item scores) per seed")
     _check_level(level)
-    means = []
-    for s, v in enumerate(values_per_seed):
-        arr = _as_scores(np.atleast_1d(np.asarray(v, dtype=np.float64)), f"seed {s}'s values")
-        means.append(float(arr.mean()))
-    m = _as_scores(means, "seed means")
+    m = _as_scores([_seed_scores(v, f"seed {s}'s values").mean()
+                    for s, v in enumerate(values_per_seed)], "seed means")
     mean, k = float(m.mean()), len(m)
     if k == 1:
         return CI(mean, mean, mean, 1, level, degenerate=True)
@@ -299,9 +301,8 @@ def paired_seed_ci(per_seed_scores: Sequence[float | Sequence[float]],
                          "of baseline scores; seeds pair by position")
     diffs = []
     for s, (mine, theirs) in enumerate(zip(per_seed_scores, baseline_per_seed)):
-        a = _as_scores(np.atleast_1d(np.asarray(mine, dtype=np.float64)), f"seed {s}'s scores")
-        b = _as_scores(np.atleast_1d(np.asarray(theirs, dtype=np.float64)),
-                       f"seed {s}'s baseline scores")
+        a = _seed_scores(mine, f"seed {s}'s scores")
+        b = _seed_scores(theirs, f"seed {s}'s baseline scores")
         if len(a) != len(b):
             raise ValueError(f"seed {s}: {len(a)} scores but {len(b)} baseline scores; items "
                              "pair by position")
@@ -309,17 +310,25 @@ def paired_seed_ci(per_seed_scores: Sequence[float | Sequence[float]],
     return seed_ci(diffs, level)
 
 
+def paired_intervals(per_seed_scores: Sequence[Sequence[float]],
+                     baseline_per_seed: Sequence[Sequence[float]],
+                     groups_per_seed: Sequence[Sequence[Hashable]] | None = None
+                     ) -> tuple[CI, CI]:
+    """A recipe comparison ([seeds][items], paired by position): the paired
+    :func:`pooled_bootstrap_ci` over the items of all seeds, and the :func:`paired_seed_ci`
+    of the same pairs; render with :func:`format_paired`, judge with :func:`verdict`."""
+    return (pooled_bootstrap_ci(per_seed_scores, baseline_per_seed,
+                                groups_per_seed=groups_per_seed),
+            paired_seed_ci(per_seed_scores, baseline_per_seed))
+
+
 def paired_summary(key: str, per_seed_scores: Sequence[Sequence[float]],
                    baseline_per_seed: Sequence[Sequence[float]],
                    groups_per_seed: Sequence[Sequence[Hashable]] | None = None) -> dict:
-    """A recipe comparison as JSON-ready entries: ``key`` the paired
-    :func:`pooled_bootstrap_ci` over the items of all seeds ([seeds][items]), and
-    ``key + "_over_seeds"`` the :func:`paired_seed_ci` of the same pairs. Read back with
-    :func:`format_summary`."""
-    pooled = pooled_bootstrap_ci(per_seed_scores, baseline_per_seed,
-                                 groups_per_seed=groups_per_seed)
-    return {key: asdict(pooled),
-            f"{key}_over_seeds": asdict(paired_seed_ci(per_seed_scores, baseline_per_seed))}
+    """:func:`paired_intervals` as JSON-ready entries: ``key`` the pooled interval and
+    ``key + "_over_seeds"`` the seeds' one. Read back with :func:`format_summary`."""
+    pooled, over_seeds = paired_intervals(per_seed_scores, baseline_per_seed, groups_per_seed)
+    return {key: asdict(pooled), f"{key}_over_seeds": asdict(over_seeds)}
 
 
 def format_summary(entry: Mapping, key: str, scale: float = 100, digits: int = 1) -> str:

@@ -34,7 +34,7 @@ from plasticlm.eval import (
     CI,
     format_ci,
     format_paired,
-    paired_seed_ci,
+    paired_intervals,
     pooled_bootstrap_ci,
     seed_ci,
     verdict,
@@ -154,10 +154,9 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
              "|---|---|---|---|---|---|---|---|" + ("---|" if book else "")]
     for label, row in rows.items():
         v, runs = row["variant"], row["runs"]
-        diff = pooled_bootstrap_ci([r["correct"] for r in runs],
-                                   baseline_per_seed=[r["correct"] for r in ref],
-                                   groups_per_seed=[r["groups"] for r in runs])
-        over_seeds = paired_seed_ci([r["correct"] for r in runs], [r["correct"] for r in ref])
+        diff, over_seeds = paired_intervals([r["correct"] for r in runs],
+                                            [r["correct"] for r in ref],
+                                            [r["groups"] for r in runs])
         drops = [r["drop"] for r in runs if "drop" in r]
         drop = format_ci(seed_ci(drops)) if drops else "-"
         same = label == "fedavg LoRA, window"
