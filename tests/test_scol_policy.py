@@ -65,8 +65,8 @@ def test_format_then_parse_roundtrip(layers, n):
 
 
 def test_grammar_masks(tiny):
-    _, tok = tiny
-    g = LayerGrammar(tok, 12, max_layers=2)
+    model, tok = tiny
+    g = LayerGrammar.for_model(model, tok, 12, max_layers=2)
     start = g.start()
     digits = [t for t, s in g.token_text.items() if s[0].isdigit()]
     assert g.allowed(start)[digits].any()               # the prompt ends with "layers: "
@@ -85,9 +85,9 @@ def test_grammar_masks(tiny):
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_any_walk_through_the_grammar_is_a_valid_action(tiny, data):
-    _, tok = tiny
+    model, tok = tiny
     n = data.draw(st.integers(1, 12))
-    g = LayerGrammar(tok, n, max_layers=data.draw(st.integers(1, 3)))
+    g = LayerGrammar.for_model(model, tok, n, max_layers=data.draw(st.integers(1, 3)))
     state, text = g.start(), ""
     for _ in range(40):
         allowed = g.allowed(state).nonzero().flatten().tolist()
@@ -106,7 +106,7 @@ def test_any_walk_through_the_grammar_is_a_valid_action(tiny, data):
 
 def test_constrained_sampling_of_an_untrained_model_gives_valid_actions(tiny):
     model, tok = tiny
-    g = LayerGrammar(tok, 4, max_layers=3)
+    g = LayerGrammar.for_model(model, tok, 4, max_layers=3)
     prompt = action_prompt("Tamasartan acts mainly on the pancreas.", 4)
     acts = sample_actions(model, tok, prompt, g, k=12, temperature=2.0,
                           generator=torch.Generator().manual_seed(0))
@@ -122,7 +122,7 @@ def test_constrained_sampling_of_an_untrained_model_gives_valid_actions(tiny):
 
 def test_completion_logprob_and_entropy(tiny):
     model, tok = tiny
-    g = LayerGrammar(tok, 4, max_layers=2)
+    g = LayerGrammar.for_model(model, tok, 4, max_layers=2)
     prompt = action_prompt("Doctors prescribe Tamasartan for glaucoma.", 4)
     a = sample_actions(model, tok, prompt, g, k=1, temperature=0.0)[0]
     from plasticlm.eval import encode_with_bos
@@ -140,7 +140,7 @@ def test_completion_logprob_and_entropy(tiny):
     assert float(lp.detach()) == pytest.approx(ref, abs=1e-4)
     # With the grammar: renormalised over the allowed tokens, forced tokens left out. By
     # hand: "3" then the end token with at most 1 layer -> the end is forced.
-    g1 = LayerGrammar(tok, 4, max_layers=1)
+    g1 = LayerGrammar.for_model(model, tok, 4, max_layers=1)
     three = [t for t, s in g1.token_text.items() if s == "3"][0]
     comp = [three, g1.end_id]
     masked = completion_logprob(model, ids, comp, g1)
@@ -151,7 +151,7 @@ def test_completion_logprob_and_entropy(tiny):
     by_hand = float(step0[three] - torch.logsumexp(step0[allowed], 0))
     assert float(masked.detach()) == pytest.approx(by_hand, abs=1e-4)
     # one layer of one: every token is forced and the completion carries no choice
-    g0 = LayerGrammar(tok, 1)
+    g0 = LayerGrammar.for_model(model, tok, 1)
     zero = [t for t, s in g0.token_text.items() if s == "0"][0]
     assert float(completion_logprob(model, ids, [zero, g0.end_id], g0).detach()) == 0.0
     ent = constrained_entropy(model, ids, a.token_ids, g)

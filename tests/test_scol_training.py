@@ -702,7 +702,7 @@ def test_pair_accuracy_follows_what_ipo_taught(tiny):
     model, tok, _, _ = tiny
     cfg = SCoLConfig(ipo_epochs=4, ipo_tau=0.5)
     prompt = action_prompt("Doctors prescribe Velizole for asthma.", 4, cfg.prompt_chars)
-    grammar = LayerGrammar(tok, 4, cfg.max_layers)
+    grammar = LayerGrammar.for_model(model, tok, 4, cfg.max_layers)
     sampled = sample_actions(model, tok, prompt, grammar, 16, 3.0,
                              torch.Generator().manual_seed(0))
     distinct = {a.layers: a.token_ids for a in sampled}

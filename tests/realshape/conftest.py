@@ -29,6 +29,12 @@ def shape_spec(name: str, layers: int = LAYERS) -> str:
 
 
 @pytest.fixture(scope="session")
+def spec_of():
+    """name -> the model spec (``shape:<name>@2``) any command accepts."""
+    return shape_spec
+
+
+@pytest.fixture(scope="session")
 def shape_folder():
     """name -> the HF folder of that shape cut to 2 layers (built once per session)."""
     cache = {}

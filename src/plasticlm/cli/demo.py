@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _stories260k(run) -> None:
     import torch
 
+    from plasticlm.eval import decodable_only
     from plasticlm.models import import_llama2c, load_causal_lm
     from plasticlm.runs import cache_home, shared_data_dir
 
@@ -41,7 +42,7 @@ def _stories260k(run) -> None:
     model, tok = load_causal_lm(folder)
     out = model.generate(torch.tensor([[tok.bos_token_id]], device=model.device),
                          max_new_tokens=40, do_sample=False,
-                         pad_token_id=tok.pad_token_id)
+                         pad_token_id=tok.pad_token_id, logits_processor=decodable_only(tok))
     text = tok.decode(out[0], skip_special_tokens=True)
     print(f"greedy from BOS: {text!r}")
     (run.path / "stories260k.md").write_text(f"Greedy from BOS: {text!r}\n")

@@ -74,6 +74,7 @@ def _generate(args) -> int:
     import torch
 
     from plasticlm.errors import PlasticError
+    from plasticlm.eval import decodable_only
     from plasticlm.models import load_causal_lm
 
     if args.max_new_tokens < 1:
@@ -89,7 +90,8 @@ def _generate(args) -> int:
     out = model.generate(torch.tensor([ids], device=model.device),
                          max_new_tokens=args.max_new_tokens,
                          do_sample=sample, temperature=args.temperature if sample else None,
-                         top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
+                         top_p=None, top_k=None, pad_token_id=tok.pad_token_id,
+                         logits_processor=decodable_only(tok))
     print(tok.decode(out[0], skip_special_tokens=True))
     return 0
 

@@ -66,6 +66,12 @@ from plasticlm.eval.streaming import (
     streaming_ce,
     streaming_ce_from_losses,
 )
+from plasticlm.eval.vocab import (
+    decodable_mask,
+    decodable_only,
+    logits_width,
+    mask_undecodable,
+)
 
 __all__ = [
     "CI", "ClosedSetResult", "ContinuationScore", "LETTERS", "MCConfig", "MCResult", "METHODS",
@@ -73,8 +79,9 @@ __all__ = [
     "answer_index", "bootstrap_ci", "bucket_means", "choice_scores", "chunked_token_losses",
     "closed_set_accuracy", "closed_set_choice", "cut_at_stop", "encode_pair", "encode_with_bos",
     "entity_swap_control", "evaluate_mc", "evaluate_mc_items", "exact_match", "extract_choice",
-    "f1_score", "format_ci", "format_paired", "format_summary", "generate_texts", "is_legal",
-    "legal_answer_rate", "mmlu_prompt", "next_token_logprobs", "niah_accuracy", "niah_score",
+    "decodable_mask", "decodable_only", "f1_score", "format_ci", "format_paired",
+    "format_summary", "generate_texts", "is_legal", "legal_answer_rate", "logits_width",
+    "mask_undecodable", "mmlu_prompt", "next_token_logprobs", "niah_accuracy", "niah_score",
     "normalize_answer", "pad_batch", "pad_id_of", "paired_intervals", "paired_seed_ci",
     "paired_summary", "perplexity", "pooled_bootstrap_ci", "qa_continuation", "qa_line",
     "qa_prompt", "response_items", "score_continuations", "seed_ci", "squad_metrics",

@@ -1,4 +1,5 @@
-"""Greedy generation from text prompts, batched with left padding."""
+"""Greedy generation from text prompts, batched with left padding; only ids the tokenizer
+decodes are generated (:mod:`plasticlm.eval.vocab`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tqdm.auto import tqdm
 from plasticlm.errors import PlasticError
 from plasticlm.eval.encoding import encode_with_bos, pad_batch, pad_id_of
 from plasticlm.eval.scoring import model_device
+from plasticlm.eval.vocab import decodable_only
 
 
 @torch.no_grad()
@@ -30,12 +32,14 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], max_new_tokens: int
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     texts: list[str] = [""] * len(encoded)
     device = model_device(model)
+    decodable = decodable_only(tokenizer)
     for start in tqdm(range(0, len(order), batch_size), desc="generate", disable=not progress):
         idx = order[start : start + batch_size]
         ids, mask = pad_batch([encoded[i] for i in idx], pad, side="left")
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad, eos_token_id=eos, use_cache=use_cache)
+                             pad_token_id=pad, eos_token_id=eos, use_cache=use_cache,
+                             logits_processor=decodable)
         for row, i in enumerate(idx):
             new = out[row, ids.shape[1]:].tolist()
             if eos is not None and eos in new:

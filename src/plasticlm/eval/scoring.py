@@ -9,6 +9,7 @@ import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval.encoding import pad_batch
+from plasticlm.eval.lm_head import hidden_states, selected_logits, token_logprobs
 
 
 def model_device(model) -> torch.device:
@@ -17,26 +18,30 @@ def model_device(model) -> torch.device:
 
 
 @torch.no_grad()
-def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
+def next_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        scored: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and whether it is the argmax, both [B, T-1].
 
     ``input_ids``/``attention_mask`` [B, T] may be padded on either side. Position ids come
     from the mask: HF models otherwise count left padding as positions, which RoPE forgives
     (it sees only offsets) but absolute or length-limited position schemes do not.
-    Entries whose target is padding are 0 / False.
+    Entries whose target is padding are 0 / False, and so are those outside ``scored``
+    (bool [B, T-1], default all): the LM head runs at the scored positions only
+    (:mod:`plasticlm.eval.lm_head`), a chunk of them at a time.
     """
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=False).logits[:, :-1].float()
+    hidden = hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]
     target = input_ids[:, 1:]
-    logp = logits.gather(-1, target[..., None]).squeeze(-1) - logits.logsumexp(-1)
-    greedy = logits.argmax(-1) == target
     real = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
-    # where(), not a product: fully masked pad rows can hold NaN.
-    return torch.where(real, logp, torch.zeros_like(logp)), greedy & real
+    if scored is not None:
+        real = real & scored.to(device)
+    logp = torch.zeros(real.shape, dtype=torch.float32, device=device)
+    greedy = torch.zeros(real.shape, dtype=torch.bool, device=device)
+    logp[real], greedy[real] = token_logprobs(model, hidden[real], target[real])
+    return logp, greedy
 
 
 @torch.no_grad()
@@ -47,9 +52,9 @@ def last_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     last = attention_mask.shape[1] - 1 - attention_mask.flip(-1).argmax(-1)  # last 1 per row
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=False).logits
-    return logits[torch.arange(len(last), device=device), last].float().log_softmax(-1)
+    hidden = hidden_states(model, input_ids, attention_mask, position_ids)
+    rows = torch.arange(len(last), device=device)
+    return selected_logits(model, hidden[rows, last]).log_softmax(-1)
 
 
 @dataclass
@@ -107,12 +112,17 @@ def score_continuations(model, contexts: Sequence[Sequence[int]],
         idx = order[start : start + batch_size]
         seqs = [list(contexts[i]) + list(continuations[i]) for i in idx]
         ids, mask = pad_batch(seqs, pad_id, padding_side)
-        logp, greedy = next_token_logprobs(model, ids, mask)
         width = ids.shape[1]
+        spans = []
+        scored = torch.zeros(len(idx), width - 1, dtype=torch.bool)
         for row, i in enumerate(idx):
             n_cont, total = len(continuations[i]), len(seqs[row])
             end = width - 1 if padding_side == "left" else total - 1
-            span = slice(end - n_cont, end)  # targets are shifted by one: index j predicts j+1
+            spans.append(slice(end - n_cont, end))  # targets shifted by one: j predicts j+1
+            scored[row, spans[-1]] = True
+        logp, greedy = next_token_logprobs(model, ids, mask, scored)
+        for row, i in enumerate(idx):
+            n_cont, span = len(continuations[i]), spans[row]
             out[i] = ContinuationScore(float(logp[row, span].sum()), n_cont,
                                        bool(greedy[row, span].all()))
     return out  # type: ignore[return-value]

@@ -34,6 +34,10 @@ class FedNLConfig:
     round_timeout: float = 900.0      # seconds to wait for replies
     local_eval: str = "every"         # every | last: rounds whose clients also score their
                                       # local model (the aggregation drop); "last" saves time
+    client_cpus: int = 1              # simulation: CPUs (and torch threads) per client process;
+                                      # each process holds one frozen base that its clients
+                                      # share: 2 on 2 cores runs the clients in turn in one
+                                      # process, one base copy in all (real shapes on a CPU)
     transfer_dtype: str = "float32"   # float32 | float16: what theta travels as
     client_state_dir: str = ""        # where clients keep personal state (default: run/clients)
     out: str = "runs"
@@ -41,8 +45,8 @@ class FedNLConfig:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
 
     def __post_init__(self):
-        require_positive(self, "rounds", "max_train", "max_test", "min_clients", "num_clients",
-                         "round_timeout", "niah_length")
+        require_positive(self, "client_cpus", "rounds", "max_train", "max_test", "min_clients",
+                         "num_clients", "round_timeout", "niah_length")
         if not 0 <= self.closed_book_share < 1:
             raise PlasticError(f"closed_book_share must be in [0, 1), not "
                                f"{self.closed_book_share}")

@@ -7,19 +7,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plasticlm.eval.lm_head import chunked_cross_entropy, hidden_states
 from plasticlm.memory import MemoryStream
 
 
 def answer_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy on the labelled (answer) positions of ``ids`` [B, T].
+    """Next-token cross-entropy on the labelled (answer) positions of ``ids`` [B, T] (their
+    mean, float32).
 
     Batches are right-padded, so a causal model needs no attention mask: padding comes
-    after every labelled position and cannot change its logits.
+    after every labelled position and cannot change its logits. Only the labelled positions'
+    hidden states go through the LM head, a chunk at a time
+    (:func:`~plasticlm.eval.lm_head.chunked_cross_entropy`).
     """
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device)).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                           labels[:, 1:].flatten().to(device), ignore_index=-100)
+    ids = ids.to(device)
+    targets = labels[:, 1:].to(device)
+    scored = targets != -100
+    hidden = hidden_states(model, ids)[:, :-1]
+    return chunked_cross_entropy(model, hidden[scored], targets[scored]) / scored.sum()
 
 
 def segmented_answer_backward(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor,

@@ -160,15 +160,15 @@ def _submit(cfg: FedNLConfig, run_dir: Path, backend_cpus: int):
     """Submit the run to this process's simulation SuperLink; the ``flwr run`` process."""
     n = len(tasks_for(cfg))
     device = pick_device()
-    resources = client_resources(device, backend_cpus)
+    resources = client_resources(device, backend_cpus, cfg.client_cpus)
     log.info("%s: %d rounds, %d clients on Flower's simulation runtime (%s, %s)", cfg.name,
              cfg.rounds, n, device, dtype_name(pick_dtype()))
     # the clients' environment: the thread policy, and the device and dtype of the command's
     # flags (runs.runtime); Ray hands each client its GPU as cuda:0 of its own
-    env = {THREADS_ENV: str(CLIENT_CPUS),
+    env = {THREADS_ENV: str(int(resources["num_cpus"])),
            DEVICE_ENV: "cuda" if resources["num_gpus"] else os.environ.get(DEVICE_ENV, ""),
            DTYPE_ENV: os.environ.get(DTYPE_ENV, "")}
-    federation = {"num-supernodes": n, "client-resources-num-cpus": CLIENT_CPUS,
+    federation = {"num-supernodes": n, "client-resources-num-cpus": resources["num_cpus"],
                   "client-resources-num-gpus": resources["num_gpus"],
                   "init-args-num-cpus": backend_cpus,
                   "init-args-num-gpus": 1 if resources["num_gpus"] else 0,
@@ -206,12 +206,17 @@ def _why(run_dir: Path) -> str:
     return f"{lines[-1][:300] if lines else 'no reason given'} (the whole log: {logfile})"
 
 
-def client_resources(device: torch.device, backend_cpus: int) -> dict[str, float]:
-    """Ray resources of one simulated client: one CPU and, when the models run on CUDA, a
-    share of a GPU such that the clients running at once (one per backend CPU) fit on one
-    GPU; no GPU otherwise (Ray schedules no MPS)."""
-    gpus = 1.0 / max(1, backend_cpus // CLIENT_CPUS) if device.type == "cuda" else 0.0
-    return {"num_cpus": CLIENT_CPUS, "num_gpus": gpus}
+def client_resources(device: torch.device, backend_cpus: int,
+                     client_cpus: int = CLIENT_CPUS) -> dict[str, float]:
+    """Ray resources of one simulated client process: ``client_cpus`` CPUs (at most the
+    backend's) and, when the models run on CUDA, a share of a GPU such that the client
+    processes running at once fit on one GPU; no GPU otherwise (Ray schedules no MPS).
+
+    Each client process holds one frozen base model that every client it runs shares, so
+    ``client_cpus = backend_cpus`` (one process, clients in turn) holds one copy in all."""
+    cpus = max(1, min(client_cpus, backend_cpus))
+    gpus = 1.0 / max(1, backend_cpus // cpus) if device.type == "cuda" else 0.0
+    return {"num_cpus": cpus, "num_gpus": gpus}
 
 
 def finish(cfg: FedNLConfig, run_dir: Path) -> dict:

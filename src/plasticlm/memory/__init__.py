@@ -12,16 +12,18 @@ from plasticlm.memory.adapter import (
     load_theta,
     memory_config,
     meta_parameters,
+    reset_theta,
     save_pretrained,
     theta_bytes,
 )
-from plasticlm.memory.layer import MemoryAttention, MemoryConfig, window_attention_mask
+from plasticlm.memory.layer import MemoryAttention, MemoryConfig
+from plasticlm.memory.masks import window_attention_mask
 from plasticlm.memory.ops import delta_rule, delta_rule_chunkwise, delta_rule_recurrent
 from plasticlm.memory.stream import MemoryStream
 
 __all__ = [
     "MemoryAttention", "MemoryConfig", "MemoryStream", "attach_memory", "delta_rule",
     "delta_rule_chunkwise", "delta_rule_recurrent", "detach_memory", "from_pretrained",
-    "load_theta", "memory_config", "meta_parameters", "save_pretrained", "theta_bytes",
+    "load_theta", "memory_config", "meta_parameters", "reset_theta", "save_pretrained", "theta_bytes",
     "window_attention_mask",
 ]

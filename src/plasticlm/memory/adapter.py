@@ -80,27 +80,42 @@ def attach_memory(
 
     for p in model.parameters():
         p.requires_grad_(False)
-    param = next(model.parameters())
     for i, layer in enumerate(decoder_layers):
+        # theta: float32 whatever the base dtype, on the base's device (meta: see reset_theta)
         wrapped = MemoryAttention(layer.self_attn, config, with_memory=i in config.layers)
         for p in _theta_of(wrapped).values():
-            p.data = p.data.to(device=param.device)  # theta stays float32 whatever the base dtype
             p.requires_grad_(True)
         layer.self_attn = wrapped
     model.memory_config = config
-    model._memory_mask_hook = model.register_forward_pre_hook(_share_padding_mask,
-                                                              with_kwargs=True)
+    # on the decoder, so that model(...) and model.get_decoder()(...) both set the mask
+    model._memory_mask_hook = model.get_decoder().register_forward_pre_hook(
+        _share_padding_mask, with_kwargs=True)
     return model
 
 
-def _share_padding_mask(model: nn.Module, args: tuple, kwargs: dict):
-    """Hand the forward's 2D padding mask ([B, T], 1 = token) to every memory layer: the
-    attention modules only receive the 4D mask, from which padding cannot be read reliably."""
+def reset_theta(model: nn.Module) -> nn.Module:
+    """Initialise theta as :func:`attach_memory` does (same seed, same values), on the device
+    of each layer's base weights. For a model built on the meta device: attach there, then
+    ``model.to_empty(device=...)``, load the base weights, and call this."""
+    if memory_config(model) is None:
+        raise PlasticError("this model has no memory attached; call attach_memory first")
+    for layer in model.get_decoder().layers:
+        layer.self_attn.reset_theta()
+    return model
+
+
+def _share_padding_mask(decoder: nn.Module, args: tuple, kwargs: dict):
+    """Before every decoder forward, hand its 2D padding mask ([B, T], 1 = token) to every
+    memory layer, or None when there is none: attention modules receive only the backend's
+    mask object (4D, BlockMask, 2D or None), from which padding cannot be read reliably."""
     mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-    real = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    if isinstance(mask, torch.Tensor) and mask.dim() != 2:
+        raise PlasticError(f"a memory-attached model takes a 2D padding mask [B, T] (1 = token), "
+                           f"not shape {tuple(mask.shape)}: its layers build their own window")
+    real = mask.bool() if isinstance(mask, torch.Tensor) else None
     if real is not None and bool(real.all()):
         real = None
-    for layer in model.get_decoder().layers:
+    for layer in decoder.layers:
         layer.self_attn.token_mask = real
 
 
@@ -109,6 +124,7 @@ def detach_memory(model: nn.Module) -> nn.Module:
     if memory_config(model) is None:
         raise PlasticError("this model has no memory attached")
     for layer in model.get_decoder().layers:
+        layer.self_attn.token_mask = None
         layer.self_attn = layer.self_attn.base
     model._memory_mask_hook.remove()
     del model.memory_config, model._memory_mask_hook
@@ -166,6 +182,11 @@ def _copy_theta(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
     missing, extra = sorted(set(theta) - set(saved)), sorted(set(saved) - set(theta))
     if missing or extra:
         raise PlasticError(f"saved theta does not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
+    on_meta = [n for n, p in theta.items() if p.is_meta]
+    if on_meta:
+        raise PlasticError(f"theta {on_meta[0]} is on the meta device: materialise the model "
+                           "(model.to_empty(device=...) and the base weights) and call "
+                           "reset_theta(model) before loading theta")
     with torch.no_grad():
         for name, p in theta.items():
             if saved[name].shape != p.shape:

@@ -27,7 +27,6 @@ then changes too), instead of on the memory's q/k/v alone.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 
@@ -36,7 +35,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from plasticlm.errors import PlasticError
+from plasticlm.memory.fla_bridge import HALF_DTYPES
+from plasticlm.memory.masks import padded_window_mask, window_attention_mask, window_mask
 from plasticlm.memory.ops import delta_rule
+from plasticlm.memory.parts import LoRA, ShortConv
+
+__all__ = ["LayerStreamState", "LoRA", "MemoryAttention", "MemoryConfig", "ShortConv",
+           "window_attention_mask"]
 
 
 @dataclass
@@ -79,41 +84,6 @@ class MemoryConfig:
                                f"{self.chunk_size}, conv_size={self.conv_size}")
 
 
-class LoRA(nn.Module):
-    """Low-rank update x -> (x A^T) B^T * scale; B starts at zero so the update starts at zero."""
-
-    def __init__(self, in_features: int, out_features: int, rank: int, alpha: float):
-        super().__init__()
-        self.A = nn.Parameter(torch.empty(rank, in_features))
-        self.B = nn.Parameter(torch.zeros(out_features, rank))
-        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> [..., out], computed in the parameters' dtype."""
-        return (F.linear(F.linear(x.to(self.A.dtype), self.A), self.B) * self.scale).to(x.dtype)
-
-
-class ShortConv(nn.Module):
-    """Depthwise causal convolution over time, initialised to the identity (last tap = 1)."""
-
-    def __init__(self, channels: int, kernel: int):
-        super().__init__()
-        self.kernel = kernel
-        weight = torch.zeros(channels, kernel)
-        weight[:, -1] = 1.0
-        self.weight = nn.Parameter(weight)
-
-    def forward(self, x: torch.Tensor, past: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B,T,C], past [B,K-1,C] (zeros if None) -> (y [B,T,C], new past [B,K-1,C])."""
-        b, t, c = x.shape
-        if past is None:
-            past = x.new_zeros(b, self.kernel - 1, c)
-        full = torch.cat([past.to(x.dtype), x], dim=1)                       # [B, K-1+T, C]
-        y = F.conv1d(full.transpose(1, 2), self.weight.to(x.dtype)[:, None, :], groups=c)
-        return y.transpose(1, 2), full[:, full.shape[1] - (self.kernel - 1):]  # len >= K-1 always
-
-
 @dataclass
 class LayerStreamState:
     """One layer's streaming state: a KV cache capped at W-1 tokens plus the memory."""
@@ -126,22 +96,6 @@ class LayerStreamState:
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) is not None}
-
-
-def window_mask(q_len: int, k_len: int, window: int, device=None) -> torch.Tensor:
-    """Boolean [q_len, k_len] band: query i (the last q_len of k_len positions) sees key j
-    iff 0 <= (k_len - q_len + i) - j < window."""
-    qi = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
-    kj = torch.arange(k_len, device=device)[None, :]
-    return (qi - kj >= 0) & (qi - kj < window)
-
-
-def window_attention_mask(seq_len: int, window: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Additive [1,1,T,T] mask (0 = attend, dtype min = masked) that makes any HF decoder
-    attend within a window of ``window`` tokens: the windowed base model, for comparisons."""
-    allowed = window_mask(seq_len, seq_len, window)
-    mask = torch.zeros(seq_len, seq_len, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
 
 
 class MemoryAttention(nn.Module):
@@ -160,34 +114,78 @@ class MemoryAttention(nn.Module):
         self.head_dim = base.head_dim
         self.with_memory = with_memory
         self.stream_state: LayerStreamState | None = None
-        # [B, T] bool, True at real tokens: set for each forward from the model's 2D padding
-        # mask (see adapter.attach_memory); padding must not write the memory.
+        # [B, T] bool, True at real tokens, or None: set before every decoder forward from its
+        # 2D padding mask (adapter._share_padding_mask); padding is neither attended to nor
+        # written into the memory.
         self.token_mask: torch.Tensor | None = None
         # RoPE exactly as the wrapped architecture applies it
         self._rope = sys.modules[type(base).__module__].apply_rotary_pos_emb
+        self.register_load_state_dict_pre_hook(MemoryAttention._base_names)  # (module, sd, prefix, ...)
         if not with_memory:
             return
+        self.gate_init, self.decay_init = float(config.gate_init), float(config.decay_init)
+        self.shared_lora = config.lora_scope == "shared"
+        self.mix = config.mix
         hidden = cfg.hidden_size
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        self.lora_q = LoRA(hidden, h * d, config.rank, config.lora_alpha)
-        self.lora_k = LoRA(hidden, kv * d, config.rank, config.lora_alpha)
-        self.lora_v = LoRA(hidden, kv * d, config.rank, config.lora_alpha)
-        self.beta_proj = nn.Linear(hidden, h)
-        nn.init.normal_(self.beta_proj.weight, std=0.02)
-        nn.init.zeros_(self.beta_proj.bias)
-        self.gate_logit = nn.Parameter(torch.full((h,), float(config.gate_init)))
-        # zero weights: an input-dependent gate starts as the per-head one
-        self.gate_proj = nn.Linear(hidden, h, bias=False) if config.gate == "input" else None
-        if self.gate_proj is not None:
-            nn.init.zeros_(self.gate_proj.weight)
-        self.decay_proj = nn.Linear(hidden, h) if config.decay else None
-        if self.decay_proj is not None:
-            nn.init.normal_(self.decay_proj.weight, std=0.02)
-            nn.init.constant_(self.decay_proj.bias, config.decay_init)
-        self.shared_lora = config.lora_scope == "shared"
-        self.conv = ShortConv((h + 2 * kv) * d, config.conv_size) if config.conv_size > 0 else None
-        self.mix = config.mix
-        self.memory_norm = nn.RMSNorm(d, eps=1e-6) if config.memory_norm else None
+        with torch.device("meta"):  # theta is built empty; reset_theta() gives its values
+            self.lora_q = LoRA(hidden, h * d, config.rank, config.lora_alpha)
+            self.lora_k = LoRA(hidden, kv * d, config.rank, config.lora_alpha)
+            self.lora_v = LoRA(hidden, kv * d, config.rank, config.lora_alpha)
+            self.beta_proj = nn.Linear(hidden, h)
+            self.gate_logit = nn.Parameter(torch.empty(h))
+            self.gate_proj = nn.Linear(hidden, h, bias=False) if config.gate == "input" else None
+            self.decay_proj = nn.Linear(hidden, h) if config.decay else None
+            self.conv = ShortConv((h + 2 * kv) * d, config.conv_size) if config.conv_size > 0 else None
+            self.memory_norm = nn.RMSNorm(d, eps=1e-6) if config.memory_norm else None
+        base_device = next(base.parameters()).device
+        if base_device.type != "meta":  # on a meta base theta waits for reset_theta()
+            self.reset_theta(base_device)
+
+    def _base_names(self, state_dict, prefix, *args) -> None:
+        """load_state_dict pre-hook: a base checkpoint's ``<prefix>q_proj.weight`` loads into
+        ``<prefix>base.q_proj.weight``, so base weights load after attach (meta device)."""
+        own = {name.split(".")[0] for name, _ in self.base.named_parameters()}
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            if key[len(prefix):].split(".")[0] in own:
+                state_dict[prefix + "base." + key[len(prefix):]] = state_dict.pop(key)
+
+    def reset_theta(self, device: torch.device | str | None = None) -> None:
+        """(Re)initialise theta in place, as at attach time: LoRA A kaiming-uniform and B zero,
+        beta_proj weight N(0, 0.02) and bias 0, gate_logit = gate_init, gate_proj zero,
+        decay_proj weight N(0, 0.02) and bias decay_init, conv the identity, norm scale 1.
+
+        Theta not on ``device`` (default: the wrapped attention's device), e.g. still on the
+        meta device, is first allocated there. Draws from the global RNG in a fixed
+        order, so one seed gives one theta whichever way the model was built.
+        """
+        if not self.with_memory:
+            return
+        device = torch.device(device) if device is not None else next(self.base.parameters()).device
+        modules = [self.lora_q, self.lora_k, self.lora_v, self.beta_proj, self.gate_proj,
+                   self.decay_proj, self.conv, self.memory_norm]
+        for module in [m for m in modules if m is not None] + [self]:
+            if any(p.device != device for p in module.parameters(recurse=module is not self)):
+                module.to_empty(device=device, recurse=module is not self)
+        with torch.no_grad():
+            for lora in (self.lora_q, self.lora_k, self.lora_v):
+                lora.reset_parameters()
+            # nn.Linear's own init first: the draws (and so the values) the constructor made
+            self.beta_proj.reset_parameters()
+            nn.init.normal_(self.beta_proj.weight, std=0.02)
+            nn.init.zeros_(self.beta_proj.bias)
+            self.gate_logit.fill_(self.gate_init)
+            if self.gate_proj is not None:  # zero: an input-dependent gate starts as the per-head one
+                self.gate_proj.reset_parameters()
+                nn.init.zeros_(self.gate_proj.weight)
+            if self.decay_proj is not None:
+                self.decay_proj.reset_parameters()
+                nn.init.normal_(self.decay_proj.weight, std=0.02)
+                nn.init.constant_(self.decay_proj.bias, self.decay_init)
+            if self.conv is not None:
+                self.conv.reset_parameters()
+            if self.memory_norm is not None:
+                self.memory_norm.reset_parameters()
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -208,8 +206,14 @@ class MemoryAttention(nn.Module):
             x = norm(x)
         return x.transpose(1, 2)                                              # [B, heads, T, D]
 
-    def _softmax_branch(self, q, k, v, attention_mask) -> torch.Tensor:
-        """q [B,H,T,D], k/v [B,KV,T,D] (RoPE applied) -> [B,H,T,D] within the window."""
+    def _real_tokens(self, b: int, t: int) -> torch.Tensor | None:
+        """The [B, T] token mask of this forward (True = real), or None: no padding."""
+        real = self.token_mask
+        return real if real is not None and tuple(real.shape) == (b, t) else None
+
+    def _softmax_branch(self, q, k, v) -> torch.Tensor:
+        """q [B,H,T,D], k/v [B,KV,T,D] (RoPE applied) -> [B,H,T,D] within the window; padding
+        keys are masked from :attr:`token_mask`, whatever the attention backend."""
         t = q.shape[2]
         state = self.stream_state
         if state is not None:
@@ -220,12 +224,7 @@ class MemoryAttention(nn.Module):
             state.keys, state.values = k[:, :, start:], v[:, :, start:]
             mask = window_mask(t, k.shape[2], self.window, q.device)[None, None]
         else:
-            mask = window_mask(t, t, self.window, q.device)[None, None]
-            # keep padding from the model's own 4D mask (bool: True = attend; float: 0 = attend)
-            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 \
-                    and attention_mask.shape[-2:] == (t, t):
-                allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-                mask = mask & allowed
+            mask = padded_window_mask(t, self.window, self._real_tokens(q.shape[0], t), q.device)
         dropout = self.base.attention_dropout if self.training else 0.0
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.base.scaling,
@@ -239,9 +238,7 @@ class MemoryAttention(nn.Module):
             q_m, k_m, v_m = q_lin, k_lin, v_lin
         else:
             q_m, k_m, v_m = q_lin + self.lora_q(x), k_lin + self.lora_k(x), v_lin + self.lora_v(x)
-        real = self.token_mask
-        if real is not None and tuple(real.shape) != tuple(x.shape[:2]):
-            real = None
+        real = self._real_tokens(*x.shape[:2])
         if self.conv is not None:
             split = [q_m.shape[-1], k_m.shape[-1], v_m.shape[-1]]
             mixed = torch.cat([q_m, k_m, v_m], dim=-1)
@@ -272,7 +269,10 @@ class MemoryAttention(nn.Module):
             if real is not None:  # padding neither writes nor forgets
                 g = g * real[:, None, :].to(g.dtype)
         initial = state.memory if state is not None else None
-        out, final = delta_rule(q_m, k_m, v_m.float(), beta, initial_state=initial,
+        # a half-precision model on CUDA hands the op half inputs, so that fla's kernel can
+        # take them (ops.chunkwise_backend); the state stays float32 either way
+        io = x.dtype if x.is_cuda and x.dtype in HALF_DTYPES and g is None else torch.float32
+        out, final = delta_rule(q_m.to(io), k_m.to(io), v_m.to(io), beta, initial_state=initial,
                                 chunk_size=self.chunk_size, g=g)
         if state is not None:
             state.memory = final
@@ -304,7 +304,7 @@ class MemoryAttention(nn.Module):
                     "incremental decoding with a Hugging Face cache is not supported on a "
                     "memory-attached model; use plasticlm.memory.MemoryStream (or use_cache=False)")
             cache.update(k, v, self.layer_idx)
-        out = self._softmax_branch(q, k, v, attention_mask)
+        out = self._softmax_branch(q, k, v)  # the backend's attention_mask is not read
         if self.with_memory:
             mem = self._memory_branch(hidden_states, q_lin, k_lin, v_lin)
             if self.memory_norm is not None:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from plasticlm.errors import PlasticError
+from plasticlm.memory.fla_bridge import HALF_DTYPES, delta_rule_fla, fla_chunk_delta_rule
 
 DEFAULT_CHUNK_SIZE = 64
 # up to this many tokens the token-by-token form is cheaper than one padded chunk
@@ -273,12 +274,26 @@ def delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Delta rule, o [B,H,T,Dv] and final state [B,H,Dk,Dv].
 
-    Chunkwise (chunk ``chunk_size``, None = :data:`DEFAULT_CHUNK_SIZE`) for any T longer than
-    :data:`RECURRENT_MAX_T` — in particular for every T > chunk — and token by token for
-    shorter inputs (decoding steps), where the recurrent form is cheapest. ``g`` [B,H,T]
-    (log-decay) turns it into the gated delta rule.
+    Chunkwise for any T longer than :data:`RECURRENT_MAX_T` — in particular for every
+    T > chunk — and token by token for shorter inputs (decoding steps), where the recurrent
+    form is cheapest. ``g`` [B,H,T] (log-decay) turns it into the gated delta rule. The
+    chunkwise form is fla's kernel where :func:`chunkwise_backend` says so (CUDA, bf16/fp16,
+    ungated; ``chunk_size`` is then fla's own), else the torch op with chunk ``chunk_size``
+    (None = :data:`DEFAULT_CHUNK_SIZE`).
     """
     chunk = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    if q.shape[2] > RECURRENT_MAX_T:
-        return delta_rule_chunkwise(q, k, v, beta, initial_state, g=g, chunk_size=chunk)
-    return delta_rule_recurrent(q, k, v, beta, initial_state, g=g)
+    if q.shape[2] <= RECURRENT_MAX_T:
+        return delta_rule_recurrent(q, k, v, beta, initial_state, g=g)
+    if chunkwise_backend(q, g) == "fla":
+        _check(q, k, v, beta, g, initial_state)
+        return delta_rule_fla(q, k, v, beta, initial_state)
+    return delta_rule_chunkwise(q, k, v, beta, initial_state, g=g, chunk_size=chunk)
+
+
+def chunkwise_backend(q: torch.Tensor, g: torch.Tensor | None = None) -> str:
+    """"fla" for ungated bf16/fp16 inputs on CUDA when fla imports, else "torch". float32
+    and float64 inputs (training masters, reference checks) stay on the torch op: fla's
+    kernels refuse them, and rounding them to bf16 would change results."""
+    if q.is_cuda and g is None and q.dtype in HALF_DTYPES and fla_chunk_delta_rule() is not None:
+        return "fla"
+    return "torch"

@@ -53,8 +53,10 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=is_local or offline)
+        # use_kernels=False: transformers would otherwise fetch layer kernels from the hub
+        # on CUDA (and fail where the `kernels` package or the network is missing)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, local_files_only=is_local or offline
+            source, dtype=torch_dtype, local_files_only=is_local or offline, use_kernels=False
         )
     except (OSError, ValueError, SafetensorError) as e:
         if is_local:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from plasticlm.eval import cut_at_stop, pad_batch, pad_id_of, qa_continuation
+from plasticlm.eval import cut_at_stop, mask_undecodable, pad_batch, pad_id_of, qa_continuation
 from plasticlm.refine.cache import KVCache, build_dynamic_cache, continue_from_cache
 from plasticlm.refine.peer import as_batch, continuation_ids
 
@@ -54,7 +54,9 @@ def score_choices(model, tokenizer, prep: Prepared, prompt: str, choices: list[s
 
 def greedy_decode(model, tokenizer, prep: Prepared, max_new_tokens: int,
                   stop: tuple[str, ...] = ()) -> tuple[str, float]:
-    """Greedy continuation after ``prep``; returns ``(text, perf_counter time of token 1)``."""
+    """Greedy continuation after ``prep``; returns ``(text, perf_counter time of token 1)``.
+    Each step computes the last position's logits [1, V] only, and picks among the ids the
+    tokenizer decodes."""
     device = next(model.parameters()).device
     cache = build_dynamic_cache(prep.cache.keys, prep.cache.values)
     mask = prep.cache.mask.to(device)
@@ -67,10 +69,10 @@ def greedy_decode(model, tokenizer, prep: Prepared, max_new_tokens: int,
         mask = torch.cat([mask, torch.ones_like(ids)], 1)
         positions = torch.arange(pos, pos + ids.shape[1], device=device)[None]
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True)
+                    use_cache=True, logits_to_keep=1)
         cache = out.cache
         pos += ids.shape[1]
-        nxt = int(out.logits[0, -1].argmax())
+        nxt = int(mask_undecodable(out.logits[0, -1], tokenizer).argmax())
         first = first or time.perf_counter()
         if nxt == eos:
             break

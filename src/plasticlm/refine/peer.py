@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import encode_with_bos, generate_texts
+from plasticlm.eval import decodable_only, encode_with_bos, generate_texts
 from plasticlm.models import load_causal_lm
 from plasticlm.refine.align import token_ends
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
@@ -134,14 +134,16 @@ def transmitter_ids(peer: Peer, text: str, draft_tokens: int = 0) -> list[int]:
 
 @torch.no_grad()
 def with_draft(peer: Peer, ids: list[int], draft_tokens: int) -> list[int]:
-    """``ids`` followed by up to ``draft_tokens`` greedy tokens of ``peer`` (stopping at EOS)."""
+    """``ids`` followed by up to ``draft_tokens`` greedy tokens of ``peer`` (stopping at EOS),
+    all of them ids its tokenizer decodes."""
     if draft_tokens <= 0:
         return ids
     device = next(peer.model.parameters()).device
     pad = peer.tokenizer.pad_token_id
     out = peer.model.generate(input_ids=as_batch(ids).to(device), max_new_tokens=draft_tokens,
                               do_sample=False, pad_token_id=pad if pad is not None else 0,
-                              eos_token_id=peer.tokenizer.eos_token_id)
+                              eos_token_id=peer.tokenizer.eos_token_id,
+                              logits_processor=decodable_only(peer.tokenizer))
     new = out[0, len(ids):].tolist()
     eos = peer.tokenizer.eos_token_id
     return ids + (new[: new.index(eos)] if eos in new else new)

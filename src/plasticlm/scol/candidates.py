@@ -35,9 +35,12 @@ class MultiLoRALinear(nn.Module):
         bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) on [rank, fan_in]
         for i, g in enumerate(generators):
             a[i].uniform_(-bound, bound, generator=g)
-        self.lora_a = nn.Parameter(a)
-        self.lora_b = nn.Parameter(torch.zeros(k, base.out_features, rank))
-        self.register_buffer("active", torch.tensor(active, dtype=torch.float32)[:, None, None])
+        # drawn on the CPU (the same init on any device), then kept where the layer is
+        device = base.weight.device
+        self.lora_a = nn.Parameter(a.to(device))
+        self.lora_b = nn.Parameter(torch.zeros(k, base.out_features, rank, device=device))
+        self.register_buffer("active", torch.tensor(active, dtype=torch.float32,
+                                                    device=device)[:, None, None])
         self.scale = alpha / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,7 +113,7 @@ def adapt_lora_together(model, layer_sets: Sequence[Sequence[int]], windows: tor
         opt.zero_grad(set_to_none=True)
         per_cand.sum().backward()
         # Per-candidate clipping keeps each candidate's update what it would be alone.
-        sq = torch.zeros(k)
+        sq = torch.zeros(k, device=device)
         for p in params:
             sq += p.grad.detach().pow(2).flatten(1).sum(-1)
         factor = (cfg.grad_clip / (sq.sqrt() + 1e-6)).clamp(max=1.0)

@@ -123,7 +123,7 @@ def pair_accuracy(policy, tokenizer, pairs: Sequence[PreferencePair], max_layers
     policy never meta-trained on, this is how well it learned to pick."""
     if not pairs:
         raise PlasticError("no preference pairs to score")
-    grammar = LayerGrammar(tokenizer, num_layers_of(policy), max_layers)
+    grammar = LayerGrammar.for_model(policy, tokenizer, num_layers_of(policy), max_layers)
     hits = 0
     for p in pairs:
         chosen = completion_logprob(policy, list(p.prompt_ids), list(p.chosen_ids), grammar)

@@ -146,7 +146,7 @@ def consolidate_stream(model, tokenizer, contexts: Sequence[Context], cfg: SCoLC
         if not layers or any(not 0 <= x < n_layers for x in layers):
             raise PlasticError(f"selection 'fixed' needs layers in 0..{n_layers - 1}, "
                                f"got {layers!r}")
-    grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
+    grammar = LayerGrammar.for_model(model, tokenizer, n_layers, cfg.max_layers)
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     records: list[StepRecord] = []
@@ -274,7 +274,7 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.ipo_lr, weight_decay=0.0)
     if start and (ckpt / "optimizer.safetensors").exists():
         load_optimizer(opt, ckpt / "optimizer.safetensors")
-    grammar = LayerGrammar(tokenizer, n_layers, cfg.max_layers)
+    grammar = LayerGrammar.for_model(policy, tokenizer, n_layers, cfg.max_layers)
     reference_logps: dict = {}   # the fixed reference's log-probs of buffered pairs
     for step in tqdm(range(start, cfg.outer_steps), desc="meta-train", disable=not progress):
         t0 = time.time()

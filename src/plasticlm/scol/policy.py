@@ -3,7 +3,9 @@
 An action is the text ``layers: 3, 7``. :func:`parse_layers` turns any text into a sorted
 set of valid layer indices (never raising); :class:`LayerGrammar` is a token-level automaton
 over the tokenizer's vocabulary so that constrained decoding (:func:`sample_actions`) can
-only emit texts of that grammar, even from a small or untrained model.
+only emit texts of that grammar, even from a small or untrained model. Its masks are as wide
+as the logits (:func:`plasticlm.eval.logits_width`), and only ids the tokenizer decodes are
+ever allowed in them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import encode_with_bos
+from plasticlm.eval import encode_with_bos, logits_width
 
 PREFIX = "layers: "
 SEPARATOR = ", "
@@ -85,9 +87,12 @@ class LayerGrammar:
 
     Token texts are found by decoding each id after an anchor token, which also handles
     sentencepiece-style tokenizers that drop a leading space when a token is decoded alone.
+    Masks are [width], the model's logits width (:meth:`for_model`); ids the tokenizer
+    cannot decode (``>= len(tokenizer)``) are never allowed.
     """
 
-    def __init__(self, tokenizer, num_layers: int, max_layers: int | None = None):
+    def __init__(self, tokenizer, num_layers: int, max_layers: int | None = None, *,
+                 width: int):
         if num_layers < 1:
             raise PlasticError(f"num_layers must be >= 1, not {num_layers}")
         self.num_layers = num_layers
@@ -96,13 +101,16 @@ class LayerGrammar:
         if self.end_id is None:
             raise PlasticError("the tokenizer has no EOS token to end an action with; set "
                                "tokenizer.eos_token")
-        self.vocab_size = len(tokenizer)
+        if not 0 <= self.end_id < min(width, len(tokenizer)):
+            raise PlasticError(f"the EOS id {self.end_id} is outside the {width} logits or the "
+                               f"{len(tokenizer)} ids the tokenizer decodes")
+        self.vocab_size = width   # the logits width: every mask is [width]
         alphabet = set(SEPARATOR + "0123456789")
         special = set(tokenizer.all_special_ids)
         anchor = tokenizer("a", add_special_tokens=False)["input_ids"]
         base = tokenizer.decode(anchor)
         self.token_text: dict[int, str] = {}
-        for i in range(self.vocab_size):
+        for i in range(min(width, len(tokenizer))):   # decodable ids only
             if i in special:
                 continue
             s = tokenizer.decode(anchor + [i])
@@ -110,6 +118,19 @@ class LayerGrammar:
             if s and set(s) <= alphabet:
                 self.token_text[i] = s
         self._masks: dict[State, torch.Tensor] = {}
+
+    @classmethod
+    def for_model(cls, model, tokenizer, num_layers: int, max_layers: int | None = None
+                  ) -> LayerGrammar:
+        """The grammar for ``model``'s logits (masks [V], V = its logits width)."""
+        return cls(tokenizer, num_layers, max_layers, width=logits_width(model))
+
+    def check_width(self, logits: torch.Tensor) -> None:
+        """Refuse logits [..., V] whose V is not this grammar's mask width."""
+        if logits.shape[-1] != self.vocab_size:
+            raise PlasticError(f"the action grammar's masks are {self.vocab_size} wide but the "
+                               f"model's logits are {logits.shape[-1]}: build it with "
+                               "LayerGrammar.for_model(model, ...)")
 
     def start(self) -> State:
         """The state right after the prompt's forced ``layers: ``."""
@@ -147,7 +168,8 @@ class LayerGrammar:
         return i == len(lit) and self._complete(digits, chosen)
 
     def allowed(self, state: State) -> torch.Tensor:
-        """Bool mask [V] of the tokens that keep the text inside the grammar."""
+        """Bool mask [V] (V = the logits width) of the tokens that keep the text inside the
+        grammar; always False from ``len(tokenizer)`` up."""
         mask = self._masks.get(state)
         if mask is None:
             mask = torch.zeros(self.vocab_size, dtype=torch.bool)
@@ -198,7 +220,8 @@ def sample_actions(model, tokenizer, prompt: str, grammar: LayerGrammar, k: int 
     """``k`` actions decoded under ``grammar`` after ``prompt`` (temperature 0: greedy).
 
     All rows share the prompt, so one batch [k, T] with a KV cache decodes them together;
-    rows that ended are fed the end token and ignored.
+    rows that ended are fed the end token and ignored. Only the last position's logits [k, V]
+    are computed at each step; the grammar's masks never allow an undecodable id.
     """
     if k < 1:
         raise PlasticError(f"k must be >= 1, not {k}")
@@ -206,9 +229,10 @@ def sample_actions(model, tokenizer, prompt: str, grammar: LayerGrammar, k: int 
     ids = torch.tensor([encode_with_bos(tokenizer, prompt)] * k, device=device)
     states: list[State | None] = [grammar.start()] * k
     completions: list[list[int]] = [[] for _ in range(k)]
-    out = model(input_ids=ids, use_cache=True)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     cache = out.cache
     logits = out.logits[:, -1].float()
+    grammar.check_width(logits)
     # The grammar is finite: every token consumes a character, so this many steps suffice.
     limit = len(PREFIX) + grammar.max_layers * (len(str(grammar.num_layers)) + len(SEPARATOR)) + 1
     for _ in range(limit):
@@ -227,7 +251,8 @@ def sample_actions(model, tokenizer, prompt: str, grammar: LayerGrammar, k: int 
             nxt[r] = tid
             completions[r].append(tid)
             states[r] = grammar.advance(state, tid)
-        out = model(input_ids=nxt[:, None].to(device), cache=cache, use_cache=True)
+        out = model(input_ids=nxt[:, None].to(device), cache=cache, use_cache=True,
+                    logits_to_keep=1)
         cache = out.cache
         logits = out.logits[:, -1].float()
     actions = []
@@ -244,13 +269,15 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int],
     """Log-prob (differentiable scalar) of ``completion_ids`` after ``prompt_ids``: the sum
     over its tokens; with ``grammar``, under the grammar-masked (renormalised) distribution
     and over the free tokens only (a token the grammar forces has probability 1, and adds
-    nothing that the policy chose)."""
+    nothing that the policy chose). Logits [C, V] are computed at the C completion positions
+    only."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids + completion_ids], device=device)
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1].float()
+    logits = _completion_logits(model, ids, len(completion_ids))
     target = ids[0, len(prompt_ids):]
     if grammar is None:
         return logits.log_softmax(-1).gather(-1, target[:, None]).sum()
+    grammar.check_width(logits)
     masks = torch.stack(grammar.masks_for(completion_ids)).to(device)
     if masks.shape[0] != len(completion_ids):
         raise PlasticError("the completion leaves the action grammar before its last token")
@@ -267,9 +294,15 @@ def constrained_entropy(model, prompt_ids: list[int], completion_ids: list[int],
     device = next(model.parameters()).device
     masks = grammar.masks_for(completion_ids)
     ids = torch.tensor([prompt_ids + completion_ids], device=device)
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: len(prompt_ids) - 1
-                                         + len(masks)].float()
+    logits = _completion_logits(model, ids, len(completion_ids))[: len(masks)]
+    grammar.check_width(logits)
     mask = torch.stack(masks).to(device)
     logp = logits.masked_fill(~mask, float("-inf")).log_softmax(-1)
     ent = -(logp.exp() * logp.masked_fill(~mask, 0.0)).sum(-1)
     return ent.mean()
+
+
+def _completion_logits(model, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Float logits [n, V] that predict the last ``n`` tokens of ``ids`` [1, T] (the LM head
+    runs on those positions only, never on the whole prompt)."""
+    return model(input_ids=ids, logits_to_keep=n + 1).logits[0, :-1].float()

@@ -1,0 +1,60 @@
+"""FedNL at the published shapes: a client's round and evaluation on each shape, in float32
+and bfloat16, and one Flower round of two clients on Qwen2.5-0.5B's shape."""
+
+import json
+
+import pytest
+import torch
+
+from plasticlm.cli import main
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.local import local_update
+from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.setup import tasks_for
+from plasticlm.fednl.theta import get_theta
+
+METHOD = MethodConfig(name="fednl", local_steps=1, batch_size=2, window=16, lora_rank=4,
+                      memory_layers="all")
+
+
+def _tasks(spec: str):
+    cfg = FedNLConfig(model=spec, data="sandbox-quick", split="dirichlet",
+                      num_clients=2, max_train=4, max_test=3, method=METHOD)
+    return tasks_for(cfg)
+
+
+def test_a_fednl_client_round_and_its_evaluation(shape, shape_model, spec_of):
+    _client_round(shape, *shape_model(shape), spec_of)
+
+
+def test_a_fednl_client_round_in_bfloat16(shape_model, spec_of):
+    # one shape: bfloat16 matmuls are slow on most CPUs, and the path is the same
+    _client_round("qwen2.5-0.5b", *shape_model("qwen2.5-0.5b", dtype="bfloat16"), spec_of)
+
+
+def _client_round(shape, model, tokenizer, spec_of):
+    torch.manual_seed(0)
+    model = prepare_model(model, METHOD)
+    task = _tasks(spec_of(shape))[0]
+    start = {k: v.clone() for k, v in get_theta(model).items()}
+    theta, metrics = local_update(model, tokenizer, task, start, {}, METHOD, seed=0)
+    assert set(theta) == set(start) and all(v.dtype == torch.float32 for v in theta.values())
+    assert all(torch.isfinite(v).all() for v in theta.values())
+    assert any(not torch.equal(theta[k], start[k]) for k in theta)  # one step moved theta
+    # random weights spread the mass over every logit: the loss is about ln(vocab)
+    assert 0.5 * torch.log(torch.tensor(model.config.vocab_size)) < metrics["train_loss"] < 30
+    scores = task.correct(model, tokenizer)
+    assert len(scores) == len(task.test) and set(scores) <= {0.0, 1.0}
+
+
+def test_one_flower_round_of_two_clients_at_qwen25_05b_shape(tmp_path, spec_of):
+    name = "qwen2.5-0.5b"
+    assert main(["fednl", "run", "--quick", "--set", f"model={spec_of(name)}",
+                 "--set", "split=dirichlet", "--set", "num_clients=2", "--set", "rounds=1",
+                 "--set", "max_train=4", "--set", "max_test=3", "--set", "local_eval=last",
+                 "--set", "method.local_steps=1", "--set", "method.batch_size=2",
+                 "--set", f"out={tmp_path}", "--set", "name=rs"]) == 0
+    (record,) = [json.loads(x) for x in (tmp_path / "rs" / "metrics.jsonl").read_text().splitlines()]
+    assert record["round"] == 1 and len(record["clients"]) == 2
+    assert all(c["train_loss"] > 0 for c in record["clients"].values())
+    assert record["bytes_up"] > 0
