@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from plasticlm.eval.lm_head import _fused_kernel, chunked_cross_entropy
 from plasticlm.memory.fla_bridge import fla_chunk_delta_rule
 from plasticlm.memory.ops import delta_rule, delta_rule_chunkwise
 from plasticlm.shape_bench import run_shape_bench
@@ -61,6 +62,37 @@ def delta_rule_rows(dtype=torch.bfloat16) -> list[dict]:
     return rows
 
 
+def fused_ce_rows() -> list[dict]:
+    """The fused linear cross-entropy (liger-kernel or Cut Cross-Entropy, when installed)
+    against the chunked torch path, the reference: loss and gradient at Qwen2.5's logits
+    width, 4,096 scored positions."""
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        head = torch.nn.Linear(896, 151936, bias=False, device="cuda", dtype=dtype)
+        model = torch.nn.Module()
+        model.lm_head, model.config = head, type("C", (), {})()
+        model.get_output_embeddings = lambda h=head: h
+        hidden = torch.randn(4096, 896, device="cuda", dtype=dtype, generator=gen)
+        targets = torch.randint(0, 151936, (4096,), device="cuda", generator=gen)
+        out = {}
+        for fused in (False, True):
+            h = hidden.clone().requires_grad_(True)
+            loss, seconds, peak = measured(lambda h=h, f=fused: chunked_cross_entropy(
+                model, h, targets, fused=f))
+            loss.backward()
+            out[fused] = (float(loss.detach()), h.grad.float(), seconds, peak)
+        ref, fast = out[False], out[True]
+        rows.append({"dtype": str(dtype), "kernel": getattr(_fused_kernel(), "__name__", None),
+                     "loss_ref": ref[0], "loss_fused": fast[0],
+                     "rel_diff_loss": abs(fast[0] - ref[0]) / abs(ref[0]),
+                     "max_abs_diff_grad": float((fast[1] - ref[1]).abs().max()),
+                     "grad_abs_max": float(ref[1].abs().max()),
+                     "chunked_ms": 1000 * ref[2], "fused_ms": 1000 * fast[2],
+                     "chunked_peak_gib": ref[3], "fused_peak_gib": fast[3]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the results as JSON here")
@@ -70,7 +102,7 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "python": platform.python_version(), "shape": SHAPE}
     t0 = time.time()
-    for name, fn in (("delta_rule", delta_rule_rows),
+    for name, fn in (("delta_rule", delta_rule_rows), ("fused_ce", fused_ce_rows),
                      ("methods_bf16", lambda: run_shape_bench(SHAPE, None, 8, "bfloat16", "cuda")),
                      ("methods_fp32", lambda: run_shape_bench(SHAPE, None, 8, "float32", "cuda"))):
         try:

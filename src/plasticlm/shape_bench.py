@@ -11,13 +11,15 @@ for the same shape and batch in one run: step time and peak memory, and their ra
 Models are random-initialised at the published shape (``shape:NAME@LAYERS``, the sandbox's
 small tokenizer; costs do not depend on the weights). Peak memory is CUDA's peak allocation
 on a GPU and, on a CPU, the process's resident set above where it stood before the step
-(sampled every 5 ms).
+(sampled every 5 ms, freed memory handed back to the OS first).
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
+import gc
 import threading
 import time
 import traceback
@@ -42,6 +44,19 @@ from plasticlm.scol.meta import consolidate_stream
 from plasticlm.scol.setup import quick_config, resolve_world_file
 
 
+def release_freed_memory() -> None:
+    """Hand freed memory back to the OS (glibc), so that a CPU step's peak RSS rise is its
+    own: otherwise the allocator keeps an earlier step's pages and the next rise reads 0.
+    Large blocks are kept on mmap (a fixed threshold), which frees them at once."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: RSS rises are then lower bounds
+        return
+    libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD: 1 MiB, no longer raised by frees
+    libc.malloc_trim(0)
+
+
 def measure(fn: Callable[[], object], device: torch.device) -> tuple[object, float, float]:
     """(result, seconds, peak MB): CUDA's peak allocation, or the CPU process's peak RSS
     above its level before ``fn``."""
@@ -52,6 +67,7 @@ def measure(fn: Callable[[], object], device: torch.device) -> tuple[object, flo
         out = fn()
         torch.cuda.synchronize(device)
         return out, time.perf_counter() - t0, torch.cuda.max_memory_allocated(device) / 1e6
+    release_freed_memory()
     proc = psutil.Process()
     base = peak = proc.memory_info().rss
     done = threading.Event()

@@ -6,6 +6,7 @@ import torch
 import transformers.masking_utils as masking_utils
 
 from plasticlm.memory import attach_memory, meta_parameters
+from plasticlm.memory.checks import left_padding_gap
 
 T = 12  # the longer row; the shorter one is left-padded by 4
 
@@ -24,27 +25,6 @@ def _rows(vocab: int):
     return [torch.randint(1, vocab, (t,), generator=gen) for t in (T - 4, T)]
 
 
-def _max_gap(model, seqs) -> float:
-    """Largest |padded - alone| over each row's real-token hidden states and last logits
-    (the LM head applied to the last position only)."""
-    t = max(len(s) for s in seqs)
-    batch = torch.stack([torch.cat([torch.full((t - len(s),), 7), s]) for s in seqs])
-    mask = torch.stack([torch.cat([torch.zeros(t - len(s)), torch.ones(len(s))]) for s in seqs]).long()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    decoder = model.get_decoder()
-    gap = 0.0
-    with torch.no_grad():
-        hidden = decoder(batch, attention_mask=mask, position_ids=positions).last_hidden_state
-        assert torch.isfinite(hidden).all()
-        for row, seq in enumerate(seqs):
-            alone = decoder(seq[None]).last_hidden_state[0]
-            padded = hidden[row, -len(seq):]
-            logits = model.lm_head(torch.stack([padded[-1], alone[-1]]))
-            gap = max(gap, (padded - alone).abs().max().item(),
-                      (logits[0] - logits[1]).abs().max().item())
-    return gap
-
-
 def test_memory_left_padding_under_every_backend(shape, shape_model):
     model, tokenizer = shape_model(shape)
     attach_memory(model, layers="all", window=8, rank=4, gate_init=0.0)
@@ -56,7 +36,7 @@ def test_memory_left_padding_under_every_backend(shape, shape_model):
     seqs = _rows(len(tokenizer))
     for impl in ("eager", "sdpa", "flex_attention"):
         model.set_attn_implementation(impl)
-        assert _max_gap(model, seqs) <= 1e-4, impl
+        assert left_padding_gap(model, seqs) <= 1e-4, impl
     model.set_attn_implementation("sdpa")
     model.to(torch.bfloat16)
-    assert _max_gap(model, seqs) <= 0.25  # bf16: rows batched or alone round differently
+    assert left_padding_gap(model, seqs) <= 0.25  # bf16: rows batched or alone round differently

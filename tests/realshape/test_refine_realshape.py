@@ -9,20 +9,22 @@ import torch
 
 from plasticlm.refine import Example, FedRefine, FuserTrainConfig, Link, Peer, train_fuser
 
-PAIRS = [("qwen3-0.6b", "llama-3.2-1b"), ("llama-3.2-1b", "qwen2.5-0.5b")]
+# (receiver, transmitter, dtype of both models): bfloat16 on one pair, the path is the same
+PAIRS = [("qwen3-0.6b", "llama-3.2-1b", "float32"), ("llama-3.2-1b", "qwen2.5-0.5b", "float32"),
+         ("qwen2.5-0.5b", "qwen3-0.6b", "bfloat16")]
 EXAMPLES = [Example("Q: Who makes it? A:", " Orvane Labs"),
             Example("Q: What is it for? A:", " glaucoma")]
 
 
-@pytest.mark.parametrize(("receiver_shape", "transmitter_shape"), PAIRS,
-                         ids=[f"{r}<-{t}" for r, t in PAIRS])
-def test_fuser_step_then_c2c_answer(receiver_shape, transmitter_shape, shape_model,
+@pytest.mark.parametrize(("receiver_shape", "transmitter_shape", "dtype"), PAIRS,
+                         ids=[f"{r}<-{t}-{d}" for r, t, d in PAIRS])
+def test_fuser_step_then_c2c_answer(receiver_shape, transmitter_shape, dtype, shape_model,
                                     monkeypatch):
     """One C2C fuser training step (both models frozen, batch of two examples), then one
     c2c answer: choice scores over the full logits and a greedy continuation whose ids the
     receiver's tokenizer all decodes."""
-    receiver = Peer("receiver", *shape_model(receiver_shape))
-    transmitter = Peer("transmitter", *shape_model(transmitter_shape))
+    receiver = Peer("receiver", *shape_model(receiver_shape, dtype=dtype))
+    transmitter = Peer("transmitter", *shape_model(transmitter_shape, dtype=dtype))
     cfg = FuserTrainConfig(kind="c2c", hidden=32, epochs=1, batch_size=len(EXAMPLES),
                            dropout=0.0)
     fuser, losses = train_fuser(receiver, transmitter, EXAMPLES, cfg, progress=False)
