@@ -108,8 +108,8 @@ def fednl_row(folder: str, batch: int, dtype: str, device: torch.device) -> dict
         model = prepare_model(model, cfg)
         start = get_theta(model)
         local_update(model, tok, task, start, {}, cfg, seed=0)  # warm-up
-        results.append(measure(lambda m=model, c=cfg, t=tok: local_update(
-            m, t, task, start, {}, c, seed=1), device))
+        results.append(measure(lambda m=model, c=cfg, t=tok, s=start: local_update(
+            m, t, task, s, {}, c, seed=1), device))
         del model
     return _row("FedNL train step vs LoRA-FedAvg step (rank 8, window 64, batch "
                 f"{batch})", "fednl", "fedavg LoRA", results[0], results[1])

@@ -3,7 +3,6 @@ and bfloat16, and one Flower round of two clients on Qwen2.5-0.5B's shape."""
 
 import json
 
-import pytest
 import torch
 
 from plasticlm.cli import main

@@ -15,10 +15,10 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval.lm_head import chunked_cross_entropy, hidden_states
 from plasticlm.scol.consolidate import LoraTrainConfig, num_layers_of
 
 
@@ -105,11 +105,15 @@ def adapt_lora_together(model, layer_sets: Sequence[Sequence[int]], windows: tor
     work.train()
     curves = []
     for _ in range(cfg.steps):
-        logits = work(input_ids=batch_ids).logits[:, :-1].float()
-        tok_loss = F.cross_entropy(logits.flatten(0, 1), batch_labels[:, 1:].flatten(),
-                                   ignore_index=-100, reduction="none").view(k, -1)
-        counts = (batch_labels[:, 1:] != -100).view(k, -1).sum(-1).clamp(min=1)
-        per_cand = tok_loss.sum(-1) / counts                       # [K]
+        # the LM head only at labelled positions, in chunks: never [K*N, T, V] logits
+        hidden = hidden_states(work, batch_ids)[:, :-1]             # [K*N, T-1, H]
+        hidden = hidden.reshape(k, -1, hidden.shape[-1])            # [K, N*(T-1), H]
+        targets = batch_labels[:, 1:].reshape(k, -1)                # [K, N*(T-1)]
+        scored = targets != -100
+        counts = scored.sum(-1).clamp(min=1)
+        per_cand = torch.stack([chunked_cross_entropy(work, hidden[i][scored[i]],
+                                                      targets[i][scored[i]])
+                                for i in range(k)]) / counts        # [K]
         opt.zero_grad(set_to_none=True)
         per_cand.sum().backward()
         # Per-candidate clipping keeps each candidate's update what it would be alone.

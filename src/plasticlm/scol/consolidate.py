@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval.lm_head import chunked_cross_entropy, hidden_states
 
 # The inner update's defaults come from `plasticlm scol experiment sweep` on the sandbox v2
 # receiver (bench/results/scol_sweep_v2_mlp.md): the best acquisition among the settings
@@ -109,9 +110,12 @@ def lm_loss(model, windows: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy on ``windows`` = stack(ids [N, T], labels [N, T])."""
     ids, labels = windows[0], windows[1]
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device)).logits[:, :-1].float()
-    return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten().to(device),
-                           ignore_index=-100)
+    # the LM head only at labelled positions, in chunks: never [N, T, V] logits
+    hidden = hidden_states(model, ids.to(device))[:, :-1]           # [N, T-1, H]
+    targets = labels[:, 1:].to(device)
+    scored = targets != -100
+    return chunked_cross_entropy(model, hidden[scored], targets[scored]) / \
+        scored.sum().clamp(min=1)
 
 
 def adapt_lora(model, layers, windows: torch.Tensor, cfg: LoraTrainConfig, seed: int = 0,
