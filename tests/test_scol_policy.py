@@ -8,11 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plasticlm.models import build_tiny, train_bpe_tokenizer
+from plasticlm.scol.action_scores import completion_logprob, constrained_entropy
 from plasticlm.scol.policy import (
     LayerGrammar,
     action_prompt,
-    completion_logprob,
-    constrained_entropy,
     format_action,
     parse_layers,
     sample_actions,

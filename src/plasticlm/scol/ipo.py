@@ -3,7 +3,7 @@ loss, one IPO update of the policy, and how well a policy ranks held-out pairs.
 
 h = (logp(y_w) - logp(y_l)) - (logp_ref(y_w) - logp_ref(y_l)),  loss = mean((h - 1/(2 tau))^2),
 with sequence log-probs of the completions (over their free tokens under the action grammar:
-:func:`plasticlm.scol.policy.completion_logprob`).
+:func:`plasticlm.scol.action_scores.completion_logprob`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from plasticlm.errors import PlasticError
+from plasticlm.scol.action_scores import completion_logprob, constrained_entropy
 from plasticlm.scol.consolidate import num_layers_of
-from plasticlm.scol.policy import LayerGrammar, completion_logprob, constrained_entropy
+from plasticlm.scol.policy import LayerGrammar
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def ipo_update(policy, reference, pairs: Sequence[PreferencePair], opt: torch.op
     """``epochs`` IPO steps on ``policy`` over all ``pairs`` (one step per epoch,
     gradients accumulated pair by pair); returns the loss and mean h before and after.
     With ``grammar`` the log-probs are over the free tokens under the grammar-masked
-    distribution (:func:`plasticlm.scol.policy.completion_logprob`). ``reference_logps``
+    distribution (:func:`plasticlm.scol.action_scores.completion_logprob`). ``reference_logps``
     (pair -> reference log-probs) is read and filled, so a fixed reference scores each
     buffered pair once across outer steps."""
     if not pairs:
