@@ -1,33 +1,103 @@
-"""Configuration as dataclasses: defaults, then a preset file, then the user's TOML/YAML/JSON
-file, then ``key=value`` overrides (the one grammar of every command: ``--config FILE --set
-key=value``).
+"""Configuration: typed, frozen, nested sections validated once, where they are loaded.
+
+A config is a :func:`configclass` (a frozen pydantic dataclass that refuses unknown keys);
+each field carries its type (``Literal`` for string choices, a registry key for extension
+points), its range and its help (``Field(default, description=..., ge=...)``). One grammar
+builds it everywhere: defaults, then a packaged preset file, then the user's TOML/YAML/JSON
+file, then ``--set key=value`` overrides, dotted for nested sections.
 
 >>> cfg = load_config(MyConfig, "run.toml", ["train.lr=1e-3", "rounds=5"])  # doctest: +SKIP
 
-Nested dataclasses are addressed with dots. Values given on the command line are parsed
-as TOML literals when they can be (numbers, booleans, lists), else kept as strings. Presets
-are files in ``plasticlm/configs/<method>/<name>.toml`` (:func:`preset_path`); the help of a
-field is the comment beside it in its dataclass (:func:`field_docs`).
+Values given on the command line are parsed as TOML literals when they can be (numbers,
+booleans, lists), else kept as strings. The resolved config of a run is written to its
+folder (:func:`save_config`) and a run resumes from it (:func:`read_saved_config`).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import io
 import json
-import tokenize
 import tomllib
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from plasticlm.errors import PlasticError
 
+__all__ = ["Field", "configclass", "load_config", "from_dict", "to_dict", "save_config",
+           "read_saved_config", "field_docs", "describe", "preset_path", "override",
+           "read_config_file", "parse_value", "deep_update", "overrides_tree"]
+
 T = TypeVar("T")
+
+# lax numbers (1 for 1.0, lists for tuples) but never a silent extra key
+_SECTION = ConfigDict(extra="forbid", validate_default=False, arbitrary_types_allowed=False)
+
+
+def configclass(cls: type[T]) -> type[T]:
+    """A config section: a frozen dataclass validated by pydantic on every construction
+    (``from_dict``, ``dataclasses.replace`` and direct calls alike); unknown keys refused."""
+    return _pydantic_dataclass(cls, frozen=True, config=_SECTION)
+
+
+def is_config(cls: Any) -> bool:
+    return isinstance(cls, type) and hasattr(cls, "__pydantic_fields__") and \
+        dataclasses.is_dataclass(cls)
+
+
+def _section(cls: type, path: tuple) -> type | None:
+    """The config class at dotted ``path`` inside ``cls`` (None when it is not a section)."""
+    for key in path:
+        info = getattr(cls, "__pydantic_fields__", {}).get(key)
+        if info is None or not is_config(info.annotation):
+            return None
+        cls = info.annotation
+    return cls
+
+
+def _problem(err: dict, cls: type) -> str:
+    where = ".".join(str(x) for x in err["loc"]) or "root"
+    if err["type"] == "unexpected_keyword_argument":
+        section = _section(cls, tuple(err["loc"][:-1]))
+        known = sorted(getattr(section, "__pydantic_fields__", {}))
+        return f"config {where}: unknown key" + (f" (known: {', '.join(known)})" if known else "")
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    got = "" if isinstance(got, dict) or got is None else f", got {got!r}"
+    return f"config {where}: {msg[0].lower()}{msg[1:]}{got}"
+
+
+def _refusal(e: ValidationError, cls: type) -> PlasticError:
+    return PlasticError("; ".join(_problem(err, cls) for err in e.errors()))
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Build config ``cls`` from a nested dict; every problem is refused in one line that
+    names the key, what was expected (the choices of a ``Literal``) and what was given."""
+    if not isinstance(data, dict):
+        raise PlasticError(f"config: expected a table of keys, got {data!r}")
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as e:
+        raise _refusal(e, cls) from None
+
+
+def to_dict(cfg: Any) -> dict:
+    """The config as plain JSON values (tuples as lists), nested sections as tables."""
+    return TypeAdapter(type(cfg)).dump_python(cfg, mode="json")
+
+
+def override(cfg: T, changes: dict[str, Any]) -> T:
+    """A copy of ``cfg`` with dotted-key ``changes`` (``{"method.name": "fedavg"}``) applied
+    and the whole config validated again."""
+    tree = to_dict(cfg)
+    for key, value in changes.items():
+        _set_path(tree, key, value)
+    return from_dict(type(cfg), tree)
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -72,78 +142,15 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
     tree[keys[-1]] = value
 
 
-def from_dict(cls: type[T], data: dict, where: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``; unknown keys are an error that names them."""
-    if not isinstance(data, dict):
-        raise PlasticError(f"config {where or 'root'}: expected a table, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(str(k) for k in set(data) - set(fields))   # YAML keys may be numbers
-    if unknown:
-        raise PlasticError(
-            f"unknown config key(s) {', '.join(where + k for k in unknown)}; "
-            f"known: {', '.join(sorted(fields))}"
-        )
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints.get(name)
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = from_dict(hint, value, where=f"{where}{name}.")
-        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
-            kwargs[name] = float(value)
-        elif (hint is tuple or typing.get_origin(hint) is tuple) and isinstance(value, list):
-            kwargs[name] = tuple(value)
-        else:
-            kwargs[name] = value
-        problem = _type_problem(hint, kwargs[name])
-        if problem:
-            raise PlasticError(f"config {where}{name}: {problem}, got {kwargs[name]!r}")
-    return cls(**kwargs)
-
-
-def require_positive(cfg: Any, *names: str) -> None:
-    """Refuse zero or negative sizes up front (``names`` are fields of ``cfg``), before a
-    command writes anything."""
-    for name in names:
-        value = getattr(cfg, name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value > 0:
-            raise PlasticError(f"config {name} must be > 0, not {value}")
-
-
-_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-_PLURALS = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
-
-
-def _type_problem(hint: Any, value: Any) -> str | None:
-    """Why ``value`` does not fit the field type ``hint`` (simple types, tuples and lists of
-    them, optionals), or None; other hints are not checked."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        return None if any(_type_problem(a, value) is None for a in options) else \
-            f"expected {' or '.join(_NAMES.get(a, str(a)) for a in options)}"
-    if hint in (tuple, list) or origin in (tuple, list):
-        if not isinstance(value, (tuple, list)):
-            return "expected a list"
-        inner = [a for a in args if a is not Ellipsis]
-        if len(inner) == 1:
-            bad = [v for v in value if _type_problem(inner[0], v)]
-            if bad:
-                return f"expected a list of {_PLURALS.get(inner[0], inner[0])}"
-        return None
-    if hint is bool:
-        return None if isinstance(value, bool) else "expected true or false"
-    if hint is int:
-        return None if isinstance(value, int) and not isinstance(value, bool) else \
-            "expected an integer"
-    if hint is float:
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else \
-            "expected a number"
-    if hint is str:
-        return None if isinstance(value, str) else "expected a string"
-    return None
+def overrides_tree(items: list[str] | tuple[str, ...]) -> dict:
+    """``["train.lr=1e-3", "rounds=5"]`` -> ``{"train": {"lr": 0.001}, "rounds": 5}``."""
+    tree: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise PlasticError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        _set_path(tree, key.strip(), parse_value(value.strip()))
+    return tree
 
 
 PRESETS_DIR = Path(__file__).parent / "configs"
@@ -171,59 +178,57 @@ def deep_update(into: dict, new: dict) -> dict:
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = (),
                 preset: str | Path | None = None) -> T:
     """Defaults of ``cls``, updated by the ``preset`` file, then the file at ``path``, then
-    ``key=value`` overrides."""
+    ``key=value`` overrides; validated once, here."""
     data: dict = {}
     for file in (preset, path):
         if file:
             deep_update(data, read_config_file(file))
-    for item in overrides:
-        if "=" not in item:
-            raise PlasticError(f"override {item!r} is not of the form key=value")
-        key, value = item.split("=", 1)
-        _set_path(data, key.strip(), parse_value(value.strip()))
+    deep_update(data, overrides_tree(list(overrides)))
     return from_dict(cls, data)
 
 
-def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+def save_config(cfg: Any, folder: str | Path, name: str = "config.json") -> Path:
+    """Write the resolved ``cfg`` (every field, defaults included) as JSON into ``folder``."""
+    path = Path(folder) / name
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(to_dict(cfg), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_saved_config(cls: type[T], folder: str | Path, name: str = "config.json") -> T:
+    """The config a run saved with :func:`save_config`, validated as ``cls``."""
+    path = Path(folder) / name
+    if not path.is_file():
+        raise PlasticError(f"{folder} holds no {name}: not a run folder of this tool")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PlasticError(f"{path} is not valid JSON: {e}") from None
+    return from_dict(cls, data)
+
+
+def _choices(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(str(a) for a in typing.get_args(annotation))
+    return ""
 
 
 def field_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """``(dotted key, default, help)`` of every field of dataclass ``cls`` (nested ones
-    flattened); the help is the comment written beside the field in the class body."""
-    comments: dict[int, tuple[int, str]] = {}   # line -> (column, text)
-    try:
-        source = inspect.getsource(cls)
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT:
-                comments[tok.start[0]] = (tok.start[1], tok.string.lstrip("#").strip())
-        body = ast.parse(source).body[0].body
-    except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
-        body = []
-    helps: dict[str, str] = {}
-    code_lines = {n for node in body for n in range(node.lineno, node.end_lineno + 1)}
-    for node in body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            lead, n = [], node.lineno - 1        # comment lines just above, at the field's column
-            while n in comments and comments[n][0] == node.col_offset:
-                lead.insert(0, comments[n][1])
-                n -= 1
-            trail, n = [], node.end_lineno       # beside it, and continued below, indented
-            while n in comments and (n == node.end_lineno or (
-                    n not in code_lines and comments[n][0] > node.col_offset)):
-                trail.append(comments[n][1])
-                n += 1
-            helps[node.target.id] = " ".join(lead + trail)
-    hints = typing.get_type_hints(cls)
+    """``(dotted key, default, help)`` of every field of config ``cls``, nested sections
+    flattened; the help is the field's ``description`` (its choices first when a Literal)."""
+    if not is_config(cls):
+        raise TypeError(f"{cls!r} is not a configclass")
     out = []
-    for f in dataclasses.fields(cls):
-        hint = hints.get(f.name)
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        if dataclasses.is_dataclass(hint):
-            out += field_docs(hint, f"{prefix}{f.name}.")
-        else:
-            out.append((prefix + f.name, default, helps.get(f.name, "")))
+    for name, info in cls.__pydantic_fields__.items():
+        default = info.default_factory() if info.default_factory is not None else info.default
+        if is_config(info.annotation):
+            out += field_docs(info.annotation, f"{prefix}{name}.")
+            continue
+        choices = _choices(info.annotation)
+        text = info.description or ""
+        out.append((prefix + name, default,
+                    f"{choices}: {text}" if choices and text else choices or text))
     return out
 
 
@@ -231,5 +236,16 @@ def describe(cls: type) -> str:
     """The ``--set`` keys of ``cls`` with defaults and help, one per line (for ``--help``)."""
     rows = field_docs(cls)
     width = max((len(k) for k, _, _ in rows), default=0)
-    return "\n".join(f"  {k:<{width}}  {json.dumps(d) if not isinstance(d, str) else repr(d)}"
-                     + (f"  {h}" if h else "") for k, d, h in rows)
+
+    def shown(d):
+        if isinstance(d, str):
+            return repr(d)
+        return json.dumps(list(d) if isinstance(d, tuple) else d)
+    return "\n".join(f"  {k:<{width}}  {shown(d)}" + (f"  {h}" if h else "") for k, d, h in rows)
+
+
+def require_positive(cfg: Any, *names: str) -> None:   # TODO(37): replaced by Field(gt=0)
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value > 0:
+            raise PlasticError(f"config {name} must be > 0, not {value}")
