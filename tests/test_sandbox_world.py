@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from plasticlm.config import from_dict
 from plasticlm.data import (
     CLIENT_DOMAINS,
     load_longbench,
@@ -147,10 +148,12 @@ def test_longbench_items_hold_their_answer(world):
 
 
 def test_bad_config():
-    with pytest.raises(PlasticError, match="specialist_domain"):
-        generate_world(WorldConfig(specialist_domain="astrology"))
-    with pytest.raises(PlasticError, match="at least 8"):
-        generate_world(WorldConfig(core_per_domain=3))
+    with pytest.raises(PlasticError, match="specialist_domain: input should be 'pharmacology'"):
+        from_dict(WorldConfig, {"specialist_domain": "astrology"})
+    with pytest.raises(PlasticError, match="core_per_domain: .* greater than or equal to 8"):
+        from_dict(WorldConfig, {"core_per_domain": 3})
+    with pytest.raises(PlasticError, match="drill_words"):
+        from_dict(WorldConfig, {"drill_words": [80, 36]})
     with pytest.raises(PlasticError, match="not a sandbox world folder"):
         read_world_index("/nonexistent")
 

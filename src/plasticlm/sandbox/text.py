@@ -5,39 +5,41 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
-from plasticlm.config import require_positive
+from plasticlm.config import Field, configclass
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.models import describe, pack_corpus, train_bpe_tokenizer, train_lm
+from plasticlm.models.tiny import ARCHS
 from plasticlm.runs import seed_everything
 from plasticlm.sandbox.presets import ModelSpec
 from plasticlm.sandbox.pretrain import build_model, loss_report, save_model_atomic
 
 
-@dataclass(frozen=True)
+@configclass
 class TextPretrainConfig:
-    arch: str = "qwen3"
-    vocab_size: int = 1024
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 768
-    steps: int = 300
-    batch_size: int = 16
-    seq_len: int = 256
-    lr: float = 2e-3
-    seed: int = 0
-    max_docs: int | None = None
-    valid_fraction: float = 0.05
+    """One tokenizer and one model trained on a plain-text corpus."""
 
-    def __post_init__(self):
-        require_positive(self, "steps", "batch_size", "seq_len", "vocab_size", "hidden_size",
-                         "num_layers")
+    arch: Literal[ARCHS] = Field("qwen3", description="model architecture")
+    vocab_size: int = Field(1024, gt=0, description="BPE vocabulary size")
+    hidden_size: int = Field(256, gt=0, description="model width")
+    num_layers: int = Field(4, gt=0, description="decoder layers")
+    num_heads: int = Field(4, gt=0, description="attention heads")
+    num_kv_heads: int = Field(2, gt=0, description="key/value heads (grouped-query attention)")
+    head_dim: int = Field(64, gt=0, description="width of one head")
+    intermediate_size: int = Field(768, gt=0, description="MLP width")
+    steps: int = Field(300, gt=0, description="optimiser steps")
+    batch_size: int = Field(16, gt=0, description="blocks per step")
+    seq_len: int = Field(256, gt=0, description="tokens per training block")
+    lr: float = Field(2e-3, gt=0, allow_inf_nan=False, description="peak learning rate")
+    seed: int = Field(0, description="seed of the split, the tokenizer and the model")
+    max_docs: int | None = Field(None, gt=0, description="read at most this many documents "
+                                 "(default: all)")
+    valid_fraction: float = Field(0.05, ge=0, lt=1, description="share of the documents held "
+                                  "out for the validation loss (at least one)")
 
 
 def pretrain_text(text: str | Path, out: str | Path, cfg: TextPretrainConfig | None = None,

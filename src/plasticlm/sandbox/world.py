@@ -27,7 +27,9 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from typing import Literal
 
+from plasticlm.config import Field, configclass
 from plasticlm.data.niah import NIAHConfig, make_sample
 from plasticlm.data.records import QA, Answer, LongItem, MCQuestion, Passage, Stream
 from plasticlm.errors import PlasticError
@@ -44,40 +46,45 @@ from plasticlm.sandbox.domains import (
 from plasticlm.sandbox.passages import biography, filler_sentences, passage_text, qa_block
 
 WORLD_VERSION = 2
+DomainName = Literal[DOMAIN_NAMES]   # the five domains, in order
 
 
-@dataclass(frozen=True)
+@configclass
 class WorldConfig:
     """Sizes of the world (version :data:`WORLD_VERSION`). Defaults are the ``sandbox`` preset's."""
 
-    seed: int = 0
-    core_per_domain: int = 32        # entities in the pre-training corpus, per domain
-    unseen_per_domain: int = 40      # entities only in SQuAD / LongBench / streams / open-book
-    specialist_entities: int = 400   # entities only the specialist corpus mentions
-    specialist_domain: str = "pharmacology"
-    specialist_mentions: int = 2     # biographies per specialist entity
-    max_mentions: int = 20           # biographies of the rank-1 entity of each domain
-    min_mentions: int = 4            # biographies of the rarest entities
-    zipf_exponent: float = 1.0       # mentions(rank) = max(min, round(max * rank**-s))
-    qa_copies: int = 2               # copies of the Q/A block of each Q/A core entity
-    specialist_qa_copies: int = 8    # copies of the Q/A block of each specialist entity:
-                                     # 4 copies + 3 biographies left it at 46-48% per split
-    drills: int = 100                # retrieval drills (NIAH-style) in the corpus
-    drill_words: tuple[int, int] = (36, 80)
-    longbench_per_length: int = 4
-    longbench_words: tuple[int, int, int] = (1500, 4000, 12000)  # short, medium, long
-    streams: int = 4
-    stream_length: int = 25
+    seed: int = Field(0, description="the one seed everything in the world is drawn from")
+    core_per_domain: int = Field(32, ge=8, description="entities in the pre-training corpus, "
+                                 "per domain (dev, val and test need at least 8)")
+    unseen_per_domain: int = Field(40, ge=1, description="entities only in SQuAD, LongBench, "
+                                   "streams and open-book items, per domain")
+    specialist_entities: int = Field(400, ge=4, description="entities only the specialist "
+                                     "corpus mentions")
+    specialist_domain: DomainName = Field("pharmacology", description="the domain of the "
+                                          "specialist's private entities")
+    specialist_mentions: int = Field(2, ge=0, description="biographies per specialist entity")
+    max_mentions: int = Field(20, ge=0, description="biographies of the rank-1 entity of each "
+                              "domain")
+    min_mentions: int = Field(4, ge=0, description="biographies of the rarest entities")
+    zipf_exponent: float = Field(1.0, ge=0, allow_inf_nan=False, description="s in "
+                                 "mentions(rank) = max(min, round(max * rank**-s))")
+    qa_copies: int = Field(2, ge=0, description="copies of the Q/A block of each Q/A core entity")
+    # 4 copies + 3 biographies left the specialist at 46-48% per split
+    specialist_qa_copies: int = Field(8, ge=0, description="copies of the Q/A block of each "
+                                      "specialist entity")
+    drills: int = Field(100, ge=0, description="retrieval drills (NIAH-style) in the corpus")
+    drill_words: tuple[int, int] = Field((36, 80), description="(fewest, most) haystack words "
+                                         "of a drill")
+    longbench_per_length: int = Field(4, ge=0, description="LongBench-style items per length")
+    longbench_words: tuple[int, int, int] = Field((1500, 4000, 12000), description="words of "
+                                                  "the short, medium and long items")
+    streams: int = Field(4, ge=0, description="SQuAD-style client streams")
+    stream_length: int = Field(25, ge=0, description="passages per stream")
 
     def __post_init__(self):
-        if self.specialist_domain not in DOMAIN_NAMES:
-            raise PlasticError(f"specialist_domain {self.specialist_domain!r} is not one of "
-                               f"{', '.join(DOMAIN_NAMES)}")
-        if self.core_per_domain < 8:
-            raise PlasticError("core_per_domain must be at least 8 (dev, val and test need "
-                               "entities)")
-        if self.unseen_per_domain < 1 or self.specialist_entities < 4:
-            raise PlasticError("unseen_per_domain must be >= 1 and specialist_entities >= 4")
+        if not 0 <= self.drill_words[0] <= self.drill_words[1]:
+            raise PlasticError(f"config drill_words must be (fewest, most) with 0 <= fewest <= "
+                               f"most, not {list(self.drill_words)}")
 
 
 @dataclass
