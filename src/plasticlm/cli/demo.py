@@ -96,8 +96,10 @@ def _federated(run, preset: str, quick: bool) -> None:
     print("== 4. FedNL on Flower: needles beyond the attention window, seven clients; the memory "
           "beside windowed FedAvg (the same state size) and full attention ==")
     spec = "sandbox" if preset == "sandbox" else f"sandbox-{preset}"
-    sizes = [] if quick else [f"model={spec}:receiver", f"data={spec}", "rounds=2",
-                              "local_steps=4", "max_train=16", "max_test=8", "window=16"]
+    sizes = [] if quick else [f"run.model={spec}:receiver", f"run.data.source={spec}",
+                              "run.train.rounds=2", "run.train.local_steps=4",
+                              "run.data.max_train=16", "run.data.max_test=8",
+                              "run.method.window=16"]
     cfg = load_config(ExperimentConfig, None, [
         *sizes, "experiment=niah", "seeds=1", f"out={run.path / 'fednl'}",
         'rows=["fednl", "fedavg LoRA, full attention"]'],
@@ -149,7 +151,8 @@ def run_demo(args) -> int:
     import time
 
     from plasticlm.run_report import write_report
-    from plasticlm.runs import RunDir, clear_run_folder, seed_everything
+    from plasticlm.runs import RunDir, clear_run_folder
+    from plasticlm.runtime import seed_everything
 
     def cpu() -> float:
         return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,

@@ -80,11 +80,10 @@ def _run(args) -> int:
 
 
 def _compare(args) -> int:
-    import dataclasses
-
+    from plasticlm.config import override
     from plasticlm.errors import PlasticError
-    from plasticlm.fednl.methods import check_method
     from plasticlm.fednl.report import comparison_table
+    from plasticlm.fednl.sections import METHODS
     from plasticlm.fednl.run import run_federated
 
     base = _load(args)
@@ -92,11 +91,10 @@ def _compare(args) -> int:
     if not names:
         raise PlasticError("--methods names no method; e.g. --methods fednl,fedavg")
     for name in names:
-        check_method(name)
+        METHODS.check(name)
     summaries = []
     for name in names:
-        cfg = dataclasses.replace(base, name=f"{base.name}-{name}",
-                                  method=dataclasses.replace(base.method, name=name))
+        cfg = override(base, {"name": f"{base.name}-{name}", "method.name": name})
         log.info("compare: method %s", name)
         run_dir = run_federated(cfg)
         summaries.append(json.loads((run_dir / "summary.json").read_text()))
@@ -104,7 +102,7 @@ def _compare(args) -> int:
     print(table)
     from pathlib import Path
 
-    out = Path(base.out) / f"{base.name}-comparison.md"
+    out = Path(base.outputs.out) / f"{base.name}-comparison.md"
     out.write_text(table + "\n")
     print(f"table: {out}")
     return 0

@@ -21,10 +21,18 @@ from safetensors.torch import save_file
 
 from plasticlm.data.jsonl import parse_json, read_json, read_text
 from plasticlm.errors import PlasticError
-from plasticlm.runs import load_tensors, write_text_atomic
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.runs import write_text_atomic
+from plasticlm.tensor_files import load_tensors
 
 log = logging.getLogger("plasticlm.fednl")
 KEEP_ROUNDS = 2
+
+
+def client_state_root(cfg: FedNLConfig, run_dir: str | Path) -> str:
+    """Where clients keep personal state: ``outputs.client_state_dir``, else the run folder's
+    ``clients/`` (a node's own ``state-dir`` wins over both, on the node)."""
+    return cfg.outputs.client_state_dir or str(Path(run_dir) / "clients")
 
 
 class Checkpointer:
@@ -35,7 +43,7 @@ class Checkpointer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pointer = self.run_dir / "checkpoint.json"
         self.metrics = self.run_dir / "metrics.jsonl"
-        self.client_state_dir = cfg.client_state_dir or str(self.run_dir / "clients")
+        self.client_state_dir = client_state_root(cfg, self.run_dir)
         self._torn = False
 
     def committed_round(self) -> int:

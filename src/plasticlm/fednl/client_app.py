@@ -9,42 +9,42 @@ state folder; the server never sees it.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from plasticlm.fednl.checkpoint import load_client_state, save_client_state
-from plasticlm.fednl.config import FedNLConfig
+from plasticlm.config import override
+from plasticlm.fednl.checkpoint import client_state_root, load_client_state, save_client_state
+from plasticlm.fednl.config import run_of
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.messages import pack_theta, unpack_theta
 from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta
-from plasticlm.runs import dtype_name, set_threads
+from plasticlm.runtime import dtype_name, set_threads
 
 client_app = ClientApp()
 
 
-# What a node says in its own --node-config wins over the server's message: a node loads the
-# model and data it was set up with and writes its state where it chose, whatever the server
-# asks (the server's paths only fill in what a node leaves unsaid, as in the simulation).
-NODE_KEYS = {"model": "model", "data": "data"}
+# What a node says in its own --node-config wins over the run config: a node loads the model
+# and data it was set up with and writes its state where it chose, whatever the run asks (the
+# run's paths only fill in what a node leaves unsaid, as in the simulation).
+NODE_KEYS = {"model": "model", "data": "data.source"}
 
 
 def _client(msg: Message, context: Context):
-    set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runs.py)
-    cfg = FedNLConfig.from_json(str(msg.content["config"]["run-config"]))
-    own = {field: str(context.node_config[key]) for key, field in NODE_KEYS.items()
-           if key in context.node_config}
+    set_threads()  # the thread policy: 1 in the simulation and on local SuperNodes (runtime.py)
+    cfg, run_dir = run_of(context)   # Flower's run config: once per run, not per message
+    own = {key: str(context.node_config[node_key]) for node_key, key in NODE_KEYS.items()
+           if node_key in context.node_config}
     if own:
-        cfg = replace(cfg, **own)
+        cfg = override(cfg, own)
     pid = int(context.node_config["partition-id"])
     tasks = tasks_for(cfg)
     if not 0 <= pid < len(tasks):
         raise ValueError(f"partition-id {pid} out of range: the run has {len(tasks)} clients")
     model, tokenizer = model_for(cfg)
-    return cfg, pid, tasks[pid], model, tokenizer
+    return cfg, run_dir, pid, tasks[pid], model, tokenizer
 
 
 def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task, model) -> Message:
@@ -62,31 +62,31 @@ def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task, model)
 def client_train(msg: Message, context: Context) -> Message:
     """Local training from the received theta; replies with the local theta and the local
     model's accuracy (the "before aggregation" side of the aggregation drop)."""
-    cfg, pid, task, model, tokenizer = _client(msg, context)
+    cfg, run_dir, pid, task, model, tokenizer = _client(msg, context)
     rnd = int(msg.content["config"]["server-round"])
     state_dir = Path(str(context.node_config.get("state-dir")
-                         or msg.content["config"]["client-state-dir"])) / f"client{pid}"
+                         or client_state_root(cfg, run_dir))) / f"client{pid}"
     if "personal" in context.state:
         state = unpack_theta(context.state["personal"])
     else:  # a fresh process (first round, or a resumed run): read the client's own disk
         state = load_client_state(state_dir, rnd - 1)
     t0 = time.time()
     theta, metrics = local_update(model, tokenizer, task, unpack_theta(msg.content["arrays"]), state,
-                                  cfg.method, seed=cfg.seed * 100_003 + rnd * 101 + pid)
-    if cfg.local_eval == "every" or rnd == cfg.rounds:
+                                  cfg, seed=cfg.seed * 100_003 + rnd * 101 + pid)
+    if cfg.eval.local_eval == "every" or rnd == cfg.train.rounds:
         metrics["local-acc"] = task.accuracy(model, tokenizer)
     if state:
         context.state["personal"] = ArrayRecord(state)
         save_client_state(state_dir, rnd, state)
     metrics.update({"num-examples": len(task.pairs()), "partition-id": pid,
                     "train-seconds": time.time() - t0})
-    return _reply(msg, pack_theta(theta, cfg.transfer_dtype), metrics, task, model)
+    return _reply(msg, pack_theta(theta, cfg.federation.transfer_dtype), metrics, task, model)
 
 
 @client_app.evaluate()
 def client_evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received aggregate on the client's held-out questions."""
-    cfg, pid, task, model, tokenizer = _client(msg, context)
+    cfg, _, pid, task, model, tokenizer = _client(msg, context)
     set_theta(model, unpack_theta(msg.content["arrays"]))
     acc = task.accuracy(model, tokenizer)
     return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,

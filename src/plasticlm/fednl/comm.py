@@ -6,8 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from plasticlm.config import override, to_dict
 from plasticlm.eval import format_ci, seed_ci
-from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.setup import build_model, tasks_for
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import ExperimentConfig, Variant, federated_config
@@ -18,23 +18,23 @@ def run_comm_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     same rank, LoRA-FedAvg at the rank whose adapter has FedNL's bytes, and full FedAvg; with
     the mmlu experiment's accuracies beside them when it has run."""
     fcfg = federated_config(dataclasses.replace(cfg, experiment="mmlu"),
-                            Variant("fednl", "fednl", 64), 0, Path(cfg.out))
+                            Variant("fednl", (("method.name", "fednl"), ("method.window", 64))),
+                            0, Path(cfg.out))
     clients = len(tasks_for(fcfg))
 
-    def theta_bytes(method: MethodConfig) -> int:
-        model, _ = build_model(dataclasses.replace(fcfg, method=method))
+    def theta_bytes(**changes) -> int:
+        model, _ = build_model(override(fcfg, changes))
         return sum(x.numel() * 4 for x in get_theta(model).values())
 
     r = fcfg.method.lora_rank
-    nl = theta_bytes(fcfg.method)
-    lora_r = theta_bytes(MethodConfig(name="fedavg", window=64, lora_rank=r))
+    nl = theta_bytes()
+    lora_r = theta_bytes(**{"method.name": "fedavg"})
     per_rank = lora_r / r
     r_eq = max(1, round(nl / per_rank))
     rows = [(f"fednl (memory LoRA r{r} + beta + gate + conv)", nl),
             (f"fedavg LoRA r{r} (same rank)", lora_r),
             (f"fedavg LoRA r{r_eq} (FedNL's bytes)", round(per_rank * r_eq)),
-            ("fedavg-full (every weight)", theta_bytes(MethodConfig(name="fedavg-full",
-                                                                    window=64)))]
+            ("fedavg-full (every weight)", theta_bytes(**{"method.name": "fedavg-full"}))]
     acc = {}
     mmlu = Path(cfg.out) / "mmlu" / "results.json"
     if mmlu.exists():
@@ -51,7 +51,7 @@ def run_comm_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
         a = format_ci(acc[key]) if key in acc else "-"
         lines.append(f"| {label} | {b / 1e3:.1f} | {2 * clients * b / 1e6:.3f} | "
                      f"{b / nl:.2f}x | {a} |")
-    out = {"config": dataclasses.asdict(cfg), "clients": clients,
+    out = {"config": to_dict(cfg), "clients": clients,
            "bytes": dict(rows), "rank_for_equal_bytes": r_eq,
            "table": "\n".join(lines) + (
                f"\n\nfloat32, {clients} clients. Paper: FedNL 0.26 MB vs 22.5 MB for FedAvg's "

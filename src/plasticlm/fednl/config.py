@@ -1,68 +1,136 @@
-"""The configuration of a federated run (a dataclass, loadable from TOML/YAML + overrides)."""
+"""The run config of FedNL (and its baselines): one frozen, nested, validated tree.
+
+Sections: ``data`` (whose clients), ``method`` (what theta is), ``memory`` (FedNL's memory
+branch), ``train`` (rounds and each client's local update), ``federation`` (the Flower run),
+``aggregation`` (how the server combines theta), ``eval`` and ``outputs``. Every field is
+read from here and nowhere else; the resolved tree is saved as ``config.json`` in the run
+folder, travels to the clients once per run as Flower's run config (:func:`flower_run_config`)
+and is what ``--resume`` checks against.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
-from dataclasses import dataclass, field
+import math
+from pathlib import Path
+from typing import Any
 
-from plasticlm.config import from_dict, require_positive
+from plasticlm.config import Field, configclass, from_dict, to_dict
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.methods import MethodConfig
-from plasticlm.fednl.robust import AggregationConfig
+from plasticlm.fednl import aggregators, methods  # noqa: F401 - they register their members
+from plasticlm.fednl.sections import (
+    AggregationConfig,
+    DataConfig,
+    EvalConfig,
+    FederationConfig,
+    MemoryOptions,
+    MethodConfig,
+    OutputConfig,
+    TrainConfig,
+)
 
 
-@dataclass
+@configclass
 class FedNLConfig:
-    """Everything a federated run needs; the server sends it to every client as JSON."""
+    """Everything a federated run needs."""
 
-    name: str = "fednl-sandbox"
-    model: str = "sandbox:receiver"   # "<preset>:<model>" (sandbox, quick) or an HF folder / hub id
-    data: str = "sandbox"             # "sandbox" (the world) or a world / MMLU folder
-    split: str = "domain"             # domain (5 clients) | dirichlet | niah (7 clients) |
-                                      # openbook (5 clients, sandbox worlds only)
-    num_clients: int = 5              # dirichlet only; domain always has 5
-    alpha: float = 0.5                # Dirichlet concentration
-    max_train: int = 96               # training questions per client (cap)
-    max_test: int = 48                # held-out questions per client (cap)
-    niah_length: int = 192            # niah: prompt length in tokens of the model's tokenizer
-    closed_book_share: float = 0.0    # niah / openbook: this share of each client's training
-                                      # pairs are closed-book questions (the short-context skill)
-    rounds: int = 4
-    seed: int = 0
-    min_clients: int = 2              # fewer valid replies than this fails the round
-    round_timeout: float = 900.0      # seconds to wait for replies
-    local_eval: str = "every"         # every | last: rounds whose clients also score their
-                                      # local model (the aggregation drop); "last" saves time
-    client_cpus: int = 1              # simulation: CPUs (and torch threads) per client process;
-                                      # each process holds one frozen base that its clients
-                                      # share: 2 on 2 cores runs the clients in turn in one
-                                      # process, one base copy in all (real shapes on a CPU)
-    transfer_dtype: str = "float32"   # float32 | float16: what theta travels as
-    client_state_dir: str = ""        # where clients keep personal state (default: run/clients)
-    out: str = "runs"
-    method: MethodConfig = field(default_factory=MethodConfig)
-    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    name: str = Field("fednl-sandbox", description="the run's folder name under outputs.out")
+    seed: int = Field(0, ge=0, description="data split, initial theta and sampling")
+    model: str = Field("sandbox:receiver", description="'<preset>:<model>' (sandbox, quick), "
+                       "'shape:<name>[@layers]', an HF folder or a hub id")
+    data: DataConfig = Field(default_factory=DataConfig, description="")
+    method: MethodConfig = Field(default_factory=MethodConfig, description="")
+    memory: MemoryOptions = Field(default_factory=MemoryOptions, description="")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="")
+    federation: FederationConfig = Field(default_factory=FederationConfig, description="")
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig, description="")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="")
+    outputs: OutputConfig = Field(default_factory=OutputConfig, description="")
 
     def __post_init__(self):
-        require_positive(self, "client_cpus", "rounds", "max_train", "max_test", "min_clients",
-                         "num_clients", "round_timeout", "niah_length")
-        if not 0 <= self.closed_book_share < 1:
-            raise PlasticError(f"closed_book_share must be in [0, 1), not "
-                               f"{self.closed_book_share}")
-        if self.closed_book_share and self.split not in ("niah", "openbook"):
-            raise PlasticError("closed_book_share mixes closed-book questions into niah or "
-                               f"openbook clients; the {self.split!r} clients are closed-book "
-                               "already: leave it at 0")
         # the run folder is out/name: an empty name would make it `out` itself
-        if not isinstance(self.name, str) or self.name.strip(". ") == "" or \
-                any(c in self.name for c in "/\\"):
+        if self.name.strip(". ") == "" or any(c in self.name for c in "/\\"):
             raise PlasticError(f"config name {self.name!r} must be a folder name: not empty, "
                                "no '/'")
+        if self.train.segment_tokens and self.method.window == 0:
+            raise PlasticError("train.segment_tokens carries a windowed state across "
+                               "segments: use method.window > 0")
+        if self.method.name == "fednl" and self.method.window == 0:
+            raise PlasticError("fednl needs an attention window (method.window > 0): the "
+                               "memory holds what falls out of it")
+
+    def gate_warning(self) -> str | None:
+        """A warning when the training budget cannot move fednl's gate logits by 1 (Adam
+        moves a parameter by at most about lr per step), else None."""
+        if self.method.name != "fednl":
+            return None
+        t = self.train
+        reach = t.gate_lr * t.local_steps * t.rounds
+        if reach >= 1.0:
+            return None
+        alpha = 1 / (1 + math.exp(-self.memory.gate_init))
+        return (f"the gate can move by at most ~{reach:.2f} in logit over {t.rounds} rounds x "
+                f"{t.local_steps} steps at gate_lr={t.gate_lr}: alpha will stay near "
+                f"sigmoid({self.memory.gate_init})={alpha:.3f}; raise train.gate_lr or the "
+                "steps")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(to_dict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> FedNLConfig:
         return from_dict(cls, json.loads(text))
+
+
+def flower_run_config(cfg: FedNLConfig) -> dict[str, Any]:
+    """``cfg`` as Flower's run config: dotted keys, scalar values (what ``flwr run
+    --run-config`` and ``[tool.flwr.app.config]`` take)."""
+    flat: dict[str, Any] = {}
+
+    def walk(tree: dict, prefix: str) -> None:
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = v
+    walk(to_dict(cfg), "")
+    return flat
+
+
+# Flower run-config keys that are the app's own, not FedNLConfig's
+RUN_DIR_KEY = "run-dir"
+
+
+def from_flower_run_config(run_config: dict[str, Any]) -> FedNLConfig:
+    """The run config back from Flower's dotted keys."""
+    tree: dict = {}
+    for key, value in run_config.items():
+        if key == RUN_DIR_KEY:
+            continue
+        node = tree
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return from_dict(FedNLConfig, tree)
+
+
+@functools.lru_cache(maxsize=8)
+def _config_of(items: tuple) -> FedNLConfig:
+    return from_flower_run_config(dict(items))
+
+
+def run_of(context) -> tuple[FedNLConfig, Path]:
+    """(config, run folder) of the run a Flower ``Context`` belongs to, read once per run and
+    process from its run config."""
+    rc = dict(context.run_config)
+    cfg = _config_of(tuple(sorted(rc.items())))
+    run_dir = Path(str(rc.get(RUN_DIR_KEY) or Path(cfg.outputs.out) / cfg.name))
+    return cfg, run_dir
+
+
+def app_config(cfg: FedNLConfig | None = None, run_dir: str | Path = "") -> dict:
+    """Flower's run config of ``cfg`` (nested tables, flattened by Flower to dotted keys) and
+    its run folder; with no ``cfg``, the app's ``[tool.flwr.app.config]`` of defaults."""
+    return {**to_dict(cfg or FedNLConfig()), RUN_DIR_KEY: str(run_dir)}

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
+import tomli_w
+
+from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.processes import (
     APP_DIR,
@@ -22,7 +26,6 @@ from plasticlm.fednl.processes import (
     spawn,
     wait_port,
 )
-from plasticlm.runs import THREADS_ENV
 from plasticlm.tls import make_certificates
 
 
@@ -123,10 +126,13 @@ class LocalFederation:
                               env=self.env, capture_output=True, text=True, timeout=60)
         return json.loads(done.stdout).get("nodes", []) if done.returncode == 0 else []
 
-    def run(self, run_config: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-        """``flwr run`` the plasticlm app with ``run_config`` and wait for it to finish."""
-        rc = " ".join(f'{k}="{v}"' for k, v in run_config.items())
-        args = [flower_bin("flwr"), "run", str(APP_DIR), "local", "--stream", "--run-config", rc]
+    def run(self, run_config: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+        """``flwr run`` the plasticlm app with ``run_config`` (FedNLConfig's keys as nested
+        tables, :func:`plasticlm.fednl.config.app_config`) and wait for it to finish."""
+        path = self.workdir / f"run-config-{time.time_ns()}.toml"
+        path.write_text(tomli_w.dumps(run_config))
+        args = [flower_bin("flwr"), "run", str(APP_DIR), "local", "--stream", "--run-config",
+                str(path)]
         done = subprocess.run(args, env=self.env, capture_output=True, text=True,
                               timeout=timeout)
         (self.workdir / "flwr_run.log").write_text(done.stdout + done.stderr)

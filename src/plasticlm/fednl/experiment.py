@@ -22,13 +22,12 @@ stopped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 
-from plasticlm.config import from_dict
+from plasticlm.config import to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     CI,
@@ -40,6 +39,7 @@ from plasticlm.eval import (
     verdict,
 )
 from plasticlm.fednl.comm import run_comm_experiment
+from plasticlm.fednl.legacy import experiment_config
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
@@ -71,8 +71,8 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
     out = {"correct": correct, "groups": groups, "per_client": per_client,
            "accuracy": sum(correct) / len(correct), "seconds": round(time.time() - t0, 1),
            "theta_bytes": sum(x.numel() * 4 for x in get_theta(model).values())}
-    if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data):
-        book = closed_book_test(resolve_data_spec(fcfg.data))
+    if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data.source):
+        book = closed_book_test(resolve_data_spec(fcfg.data.source))
         out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
     if summary:
         out.update(drop=summary["mean_drop"], mb_per_round=summary["mb_per_round"],
@@ -83,15 +83,15 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
 def _load_results(path: Path, cfg: ExperimentConfig) -> dict:
     if path.exists():
         saved = json.loads(path.read_text())
-        # read back through the dataclass: results written before a field existed still
-        # match while the new field holds its default
+        # read back through the config: results written before a field existed still match
+        # while the new field holds its default (and flat configs of earlier versions read)
         try:
-            same = from_dict(ExperimentConfig, saved.get("config", {})) == cfg
+            same = experiment_config(saved.get("config", {})) == cfg
         except PlasticError:
             same = False
         if same:
             return saved
-    return {"config": dataclasses.asdict(cfg), "runs": {}}
+    return {"config": to_dict(cfg), "runs": {}}
 
 
 def run_accuracy_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
@@ -173,7 +173,8 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                  "bootstrap over items clustered by entity/sample, pooled over seeds; the "
                  "difference also as the t-interval of the seeds' paired differences, and "
                  "'better'/'worse' only when both exclude 0; "
-                 f"{cfg.rounds} rounds x {cfg.local_steps} local steps, batch {cfg.batch_size}. "
+                 f"{cfg.run.train.rounds} rounds x {cfg.run.train.local_steps} local steps, "
+                 f"batch {cfg.run.train.batch_size}. "
                  "Paper (Qwen2.5-1.5B): "
                  + "; ".join(f"{k} {v}" for k, v in PAPER_CELLS.get(cfg.experiment, {}).items())
                  + (". Closed-book: the held-out closed-book questions (no context) asked of "

@@ -5,41 +5,42 @@ from __future__ import annotations
 
 import torch
 
-from plasticlm.fednl.methods import METHODS, MethodConfig, check_method
+from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.objective import answer_loss, param_groups, segmented_answer_backward
+from plasticlm.fednl.sections import METHODS
 from plasticlm.fednl.theta import set_theta, trainable
 
 
-def local_update(model, tokenizer, task, global_theta: dict, state: dict, cfg: MethodConfig,
-                 seed: int) -> tuple[dict, dict]:
+def local_update(model, tokenizer, task, global_theta: dict, state: dict,
+                 cfg: FedNLConfig, seed: int) -> tuple[dict, dict]:
     """One round of local training from ``global_theta``; returns (local theta, metrics).
 
     ``state`` (the client's personal tensors) is read and updated in place.
     """
-    check_method(cfg.name)
-    method = METHODS[cfg.name]
+    method, train = METHODS[cfg.method.name](), cfg.train
     # the round runs where the model is: theta, anchors and personal state join it there,
     # and go back to the CPU (the wire, the client's disk) at the end
     device = next(model.parameters()).device
     global_theta = _to(global_theta, device)
     state.update(_to(state, device))
-    batches = task.batches(tokenizer, cfg.local_steps + cfg.ala_steps, cfg.batch_size, seed)
-    start = method.initial(model, global_theta, state, batches, cfg)
+    batches = task.batches(tokenizer, train.local_steps + cfg.method.ala_steps, train.batch_size,
+                           seed)
+    start = method.initial(model, global_theta, state, batches, cfg.method)
     set_theta(model, start)
     params = trainable(model)
-    opt = torch.optim.AdamW(param_groups(params, cfg.gate_lr), lr=method.learning_rate(cfg),
+    opt = torch.optim.AdamW(param_groups(params, train.gate_lr), lr=method.learning_rate(train),
                             weight_decay=0.0)
-    objective = method.objective(params, global_theta, state, cfg)
+    objective = method.objective(params, global_theta, state, cfg.method)
 
     model.train()
     losses = []
     for step, (ids, labels) in enumerate(batches):
-        if step >= cfg.local_steps:
+        if step >= train.local_steps:
             break
         opt.zero_grad(set_to_none=True)
         extra = objective.penalty(params)
-        if cfg.segment_tokens and ids.shape[1] > cfg.segment_tokens + 1:
-            task_loss = segmented_answer_backward(model, ids, labels, cfg.segment_tokens)
+        if train.segment_tokens and ids.shape[1] > train.segment_tokens + 1:
+            task_loss = segmented_answer_backward(model, ids, labels, train.segment_tokens)
             if extra is not None:
                 extra.backward()
         else:

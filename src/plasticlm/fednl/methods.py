@@ -20,16 +20,14 @@ Personalised state (ALA weights, SI importances, previous local theta) is a flat
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from plasticlm.config import require_positive
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.objective import LocalObjective, answer_loss
+from plasticlm.fednl.sections import METHODS, MemoryOptions, MethodConfig, TrainConfig
 from plasticlm.fednl.theta import layer_of, set_theta, trainable
 from plasticlm.memory import attach_memory, save_pretrained
 
@@ -38,63 +36,10 @@ log = logging.getLogger("plasticlm.fednl")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
 
 
-@dataclass
-class MethodConfig:
-    """Hyper-parameters of every method; each method reads only its own."""
-
-    name: str = "fednl"
-    lr: float = 2e-3              # theta learning rate (LoRA / memory)
-    full_lr: float = 2e-4         # fedavg-full: all weights
-    local_steps: int = 16
-    batch_size: int = 8
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    window: int = 64              # attention window in tokens, every method (0 = full
-                                  # attention, baselines only): equal O(1) state by default;
-                                  # fednl's memory keeps what falls out of the window
-    memory_layers: str = "all"    # "all" or comma-separated layer indices
-    memory_conv: int = 4          # short causal convolution (DeltaNet's kernel 4); 0 = none
-    gate_init: float = 0.0        # gate logit: alpha = 0.5, the memory has half of each head
-                                  # from the start (at -3 Adam moved it by < 0.1 in a whole run)
-    memory_mix: str = "convex"    # fednl: "convex" or "additive" (MemoryConfig.mix)
-    memory_norm: bool = False     # fednl: RMS-normalise each head's memory read
-    memory_recurrent: bool = True # fednl: False removes the recurrence (a control)
-    memory_gate: str = "head"     # fednl: "head" (a logit per head) or "input" (per token)
-    memory_decay: bool = False    # fednl: the gated delta rule (the state forgets)
-    memory_lora: str = "memory"   # fednl: LoRA on the memory's q/k/v ("memory") or on the
-                                  # q/k/v both branches read ("shared")
-    segment_tokens: int = 0       # > 0: truncated BPTT, each training sequence read in
-                                  # segments of this many tokens, the state carried (detached)
-                                  # across them; 0: one parallel forward per sequence
-    gate_lr: float = 2e-2         # fednl: lr of the gate logits and beta biases (own group):
-                                  # Adam moves a parameter by about lr per step
-    prox_mu: float = 0.01         # FedProx
-    ala_layers: int = 1           # FedALA: top decoder layers that get element-wise weights
-    ala_steps: int = 4            # FedALA: batches to learn the weights on
-    ala_lr: float = 1.0
-    si_c: float = 0.1             # FedSSI penalty strength
-    si_xi: float = 1e-3           # SI damping
-    si_mix: float = 0.5           # FedSSI surrogate anchor = mix * local + (1 - mix) * global
-
-    def __post_init__(self):
-        require_positive(self, "lr", "full_lr", "gate_lr", "local_steps", "batch_size",
-                         "lora_rank", "lora_alpha")
-        if self.segment_tokens < 0 or (self.segment_tokens and self.window == 0):
-            raise PlasticError(f"segment_tokens={self.segment_tokens}: segments carry a "
-                               "windowed state, so use a window > 0 and segment_tokens >= 0 "
-                               "(0 = no segments)")
-
-
-def check_method(name: str) -> None:
-    if name not in METHODS:
-        raise PlasticError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
-
-
-def prepare_model(model: nn.Module, cfg: MethodConfig) -> nn.Module:
-    """Make exactly theta trainable on ``model`` for method ``cfg.name`` (memory or LoRA
+def prepare_model(model: nn.Module, method: MethodConfig, memory: MemoryOptions) -> nn.Module:
+    """Make exactly theta trainable on ``model`` for ``method.name`` (memory or LoRA
     attached in place or wrapped); returns the model to train."""
-    check_method(cfg.name)
-    return METHODS[cfg.name].prepare(model, cfg)
+    return METHODS[method.name]().prepare(model, method, memory)
 
 
 def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodConfig) -> dict:
@@ -129,28 +74,15 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: MethodC
             else global_theta[n] for n in global_theta}
 
 
-def gate_check(cfg: MethodConfig, rounds: int) -> str | None:
-    """A warning when the training budget cannot move the gate logits by 1 (Adam moves a
-    parameter by at most about lr per step), else None."""
-    if cfg.name != "fednl":
-        return None
-    reach = cfg.gate_lr * cfg.local_steps * rounds
-    if reach < 1.0:
-        return (f"the gate can move by at most ~{reach:.2f} in logit over {rounds} rounds x "
-                f"{cfg.local_steps} steps at gate_lr={cfg.gate_lr}: alpha will stay near "
-                f"sigmoid({cfg.gate_init})={1 / (1 + math.exp(-cfg.gate_init)):.3f}; raise "
-                "method.gate_lr or the steps")
-    return None
-
-
+@METHODS.register("fedavg")
 class FedMethod:
     """A federated method: which parameters form theta, how a round starts, what it adds to
     the local objective, which personal state it keeps. The base is FedAvg over a static
-    LoRA on the frozen base's q/k/v, with the same windowed attention as FedNL."""
+    LoRA on the frozen base's q/k/v, with the same windowed attention as FedNL.
 
-    name = "fedavg"
+    A new method is one subclass here, decorated ``@METHODS.register("name")``."""
 
-    def prepare(self, model: nn.Module, cfg: MethodConfig) -> nn.Module:
+    def prepare(self, model: nn.Module, cfg: MethodConfig, memory: MemoryOptions) -> nn.Module:
         model = _windowed(model, cfg)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                           target_modules=list(LORA_TARGETS), bias="none")
@@ -161,8 +93,8 @@ class FedMethod:
         """The round's starting theta (``batches`` may be drawn from before training)."""
         return global_theta
 
-    def learning_rate(self, cfg: MethodConfig) -> float:
-        return cfg.lr
+    def learning_rate(self, train: TrainConfig) -> float:
+        return train.lr
 
     def objective(self, params, global_theta: dict, state: dict, cfg: MethodConfig
                   ) -> LocalObjective:
@@ -182,35 +114,32 @@ def _windowed(model: nn.Module, cfg: MethodConfig) -> nn.Module:
     return model
 
 
+@METHODS.register("fednl")
 class FedNL(FedMethod):
     """theta = the memory's meta-parameters (LoRA for the memory's q/k/v, beta, gate)."""
 
-    name = "fednl"
-
-    def prepare(self, model, cfg):
-        layers = cfg.memory_layers
+    def prepare(self, model, cfg, memory):
+        layers = memory.layers
         if layers != "all":
-            layers = [int(x) for x in str(layers).split(",") if x.strip()]
+            layers = [int(x) for x in layers.split(",") if x.strip()]
         if cfg.window <= 0:
             raise PlasticError("fednl needs an attention window (method.window > 0): the "
                                "memory holds what falls out of it")
         return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
-                             lora_alpha=cfg.lora_alpha, conv_size=cfg.memory_conv,
-                             gate_init=cfg.gate_init, mix=cfg.memory_mix,
-                             memory_norm=cfg.memory_norm, recurrent=cfg.memory_recurrent,
-                             gate=cfg.memory_gate, decay=cfg.memory_decay,
-                             lora_scope=cfg.memory_lora)
+                             lora_alpha=cfg.lora_alpha, conv_size=memory.conv,
+                             gate_init=memory.gate_init, mix=memory.mix,
+                             memory_norm=memory.norm, recurrent=memory.recurrent,
+                             gate=memory.gate, decay=memory.decay, lora_scope=memory.lora)
 
     def save(self, model, tokenizer, folder):
         save_pretrained(model, folder)     # the memory adapter (safetensors + config)
 
 
+@METHODS.register("fedavg-full")
 class FedAvgFull(FedMethod):
     """theta = every weight of the model."""
 
-    name = "fedavg-full"
-
-    def prepare(self, model, cfg):
+    def prepare(self, model, cfg, memory):
         if next(model.parameters()).dtype != torch.float32:
             # Adam's steps of ~1e-4 relative vanish in bfloat16 weights: theta is float32
             log.info("fedavg-full trains every weight: the model is kept in float32")
@@ -220,8 +149,8 @@ class FedAvgFull(FedMethod):
             p.requires_grad_(True)
         return model
 
-    def learning_rate(self, cfg):
-        return cfg.full_lr
+    def learning_rate(self, train):
+        return train.full_lr
 
     def save(self, model, tokenizer, folder):
         model.save_pretrained(folder)
@@ -237,10 +166,9 @@ class _Proximal(LocalObjective):
                                  for n, p in params.items())
 
 
+@METHODS.register("fedprox")
 class FedProx(FedMethod):
     """FedAvg plus (mu/2)||w - w_global||^2 in the local objective."""
-
-    name = "fedprox"
 
     def objective(self, params, global_theta, state, cfg):
         return _Proximal(global_theta, cfg.prox_mu)
@@ -255,11 +183,10 @@ def _keep_local(theta: dict, state: dict) -> None:
         state[f"local.{n}"] = v
 
 
+@METHODS.register("fedala")
 class FedALA(FedMethod):
     """FedAvg whose round starts from the global theta mixed into the client's previous
     local theta with learned element-wise weights (:func:`ala_initialise`)."""
-
-    name = "fedala"
 
     def initial(self, model, global_theta, state, batches, cfg):
         return ala_initialise(model, global_theta, state,
@@ -306,10 +233,9 @@ class _SynapticIntelligence(LocalObjective):
             state[f"si.{n}"] = self.importance[n] + self.omega[n].clamp(min=0) / (delta**2 + self.xi)
 
 
+@METHODS.register("fedssi")
 class FedSSI(FedMethod):
     """FedAvg with a synaptic-intelligence penalty towards a surrogate anchor."""
-
-    name = "fedssi"
 
     def objective(self, params, global_theta, state, cfg):
         return _SynapticIntelligence(params, global_theta, state, cfg)
@@ -317,6 +243,3 @@ class FedSSI(FedMethod):
     def keep(self, theta, state):
         _keep_local(theta, state)
 
-
-METHODS: dict[str, FedMethod] = {m.name: m for m in (FedNL(), FedMethod(), FedProx(), FedALA(),
-                                                     FedSSI(), FedAvgFull())}

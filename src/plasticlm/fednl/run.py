@@ -14,29 +14,24 @@ from pathlib import Path
 
 import torch
 
+from plasticlm.config import read_saved_config, save_config
+from plasticlm.env import DEVICE_ENV, DTYPE_ENV, THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
 from plasticlm.fednl.checkpoint import Checkpointer
-from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import METHODS, check_method, gate_check
+from plasticlm.fednl.config import FedNLConfig, app_config
 from plasticlm.fednl.report import plot_run, summarise
+from plasticlm.fednl.sections import METHODS
 from plasticlm.fednl.server_app import DONE_FILE, ERROR_FILE, StopRequest, progress_line
 from plasticlm.fednl.setup import build_model, tasks_for
 from plasticlm.fednl.simulation import end_shared_link, running_link, shared_link
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
-from plasticlm.runs import (
-    DEVICE_ENV,
-    DTYPE_ENV,
-    THREADS_ENV,
-    clear_run_folder,
-    dtype_name,
-    load_tensors,
-    pick_device,
-    pick_dtype,
-)
+from plasticlm.runs import clear_run_folder
+from plasticlm.runtime import dtype_name, pick_device, pick_dtype
 from plasticlm.sandbox import resolve_model_spec
+from plasticlm.tensor_files import load_tensors
 
-# Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runs.set_threads),
+# Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runtime.set_threads),
 # one torch thread: the clients share the machine's cores.
 CLIENT_CPUS = 1
 log = logging.getLogger("plasticlm.fednl")
@@ -99,7 +94,7 @@ def _stopped(cfg: FedNLConfig, run_dir: Path, signum: int, proc) -> Stopped:
         time.sleep(0.05)
     end_shared_link()
     done = Checkpointer(run_dir, cfg).committed_round()
-    where = f"after round {done} of {cfg.rounds} (its checkpoint in {run_dir} is intact)" \
+    where = f"after round {done} of {cfg.train.rounds} (its checkpoint in {run_dir} is intact)" \
         if done else f"before round 1 was committed ({run_dir})"
     name = signal.Signals(signum).name
     return Stopped(f"stopped by {name} {where}; rerun with --resume to continue", signum)
@@ -113,30 +108,26 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     adapter folder, summary.json and plots. Returns the run folder. SIGINT and SIGTERM stop
     it within seconds with :class:`Stopped`; the rounds committed so far stay.
     """
-    check_method(cfg.method.name)
-    if cfg.local_eval not in ("every", "last"):
-        raise PlasticError(f"local_eval must be 'every' or 'last', not {cfg.local_eval!r}")
     # what the server and clients would fail on, refused before anything is written
     check_model_source(resolve_model_spec(cfg.model))
     clients = len(tasks_for(cfg))
-    if cfg.min_clients > clients:
-        raise PlasticError(f"config min_clients={cfg.min_clients} is more than the run's "
+    if cfg.federation.min_clients > clients:
+        raise PlasticError(f"config federation.min_clients={cfg.federation.min_clients} is more than the run's "
                            f"{clients} clients")
-    run_dir = Path(cfg.out) / cfg.name
+    run_dir = Path(cfg.outputs.out) / cfg.name
     if run_dir.exists() and not resume:
         if (run_dir / "checkpoint.json").exists():
             raise PlasticError(f"{run_dir} holds an earlier run; pass --resume to continue it, "
                                "or choose another --set name=...")
         clear_run_folder(run_dir, "choose another --set name=... or out=...")
-    if resume and (run_dir / "config.json").exists():
-        saved = FedNLConfig.from_json(json.dumps(json.loads((run_dir / "config.json").read_text())))
-        if saved.to_json() != cfg.to_json():
-            raise PlasticError(f"{run_dir} was started with another config; resume with the same "
-                               "config (see its config.json)")
+    if resume and (run_dir / "config.json").exists() and \
+            read_saved_config(FedNLConfig, run_dir) != cfg:
+        raise PlasticError(f"{run_dir} was started with another config; resume with the same "
+                           "config (see its config.json, or `--config` it)")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
+    save_config(cfg, run_dir)
 
-    warning = gate_check(cfg.method, cfg.rounds)
+    warning = cfg.gate_warning()
     if warning:
         log.warning(warning)
     stop = StopRequest(run_dir)
@@ -147,8 +138,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
             proc = _submit(cfg, run_dir, backend_cpus)
             _follow(cfg, run_dir, proc)
             done = Checkpointer(run_dir, cfg).committed_round()
-            if done < cfg.rounds:
-                raise PlasticError(f"the run stopped after round {done} of {cfg.rounds}: "
+            if done < cfg.train.rounds:
+                raise PlasticError(f"the run stopped after round {done} of {cfg.train.rounds}: "
                                    f"{_why(run_dir)}; continue it with --resume")
             finish(cfg, run_dir)
     except Signalled as e:
@@ -160,11 +151,11 @@ def _submit(cfg: FedNLConfig, run_dir: Path, backend_cpus: int):
     """Submit the run to this process's simulation SuperLink; the ``flwr run`` process."""
     n = len(tasks_for(cfg))
     device = pick_device()
-    resources = client_resources(device, backend_cpus, cfg.client_cpus)
+    resources = client_resources(device, backend_cpus, cfg.federation.client_cpus)
     log.info("%s: %d rounds, %d clients on Flower's simulation runtime (%s, %s)", cfg.name,
-             cfg.rounds, n, device, dtype_name(pick_dtype()))
+             cfg.train.rounds, n, device, dtype_name(pick_dtype()))
     # the clients' environment: the thread policy, and the device and dtype of the command's
-    # flags (runs.runtime); Ray hands each client its GPU as cuda:0 of its own
+    # flags (runtime.runtime); Ray hands each client its GPU as cuda:0 of its own
     env = {THREADS_ENV: str(int(resources["num_cpus"])),
            DEVICE_ENV: "cuda" if resources["num_gpus"] else os.environ.get(DEVICE_ENV, ""),
            DTYPE_ENV: os.environ.get(DTYPE_ENV, "")}
@@ -175,8 +166,7 @@ def _submit(cfg: FedNLConfig, run_dir: Path, backend_cpus: int):
                   "init-args-logging-level": "ERROR", "init-args-log-to-driver": False}
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
     (run_dir / DONE_FILE).unlink(missing_ok=True)
-    return shared_link(env).submit({"config": str(run_dir / "config.json"),
-                                    "run-dir": str(run_dir)}, federation, run_dir / "flower.log")
+    return shared_link(env).submit(app_config(cfg, run_dir), federation, run_dir / "flower.log")
 
 
 def _follow(cfg: FedNLConfig, run_dir: Path, proc) -> None:
@@ -227,7 +217,7 @@ def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
     model, tokenizer = build_model(cfg)
     set_theta(model, theta)
     final = run_dir / "final"
-    METHODS[cfg.method.name].save(model, tokenizer, final)
+    METHODS[cfg.method.name]().save(model, tokenizer, final)
     summary = summarise(cfg, ck.records(), theta)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_run(ck.records(), run_dir)

@@ -4,7 +4,6 @@ point of ``flwr run``, for the simulation and a deployment alike."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -15,13 +14,13 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from plasticlm.config import load_config
+from plasticlm.config import save_config
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.aggregate import reply_problem
+from plasticlm.fednl.aggregators import robust_aggregate
 from plasticlm.fednl.checkpoint import Checkpointer
-from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.config import FedNLConfig, run_of
 from plasticlm.fednl.messages import arrays_problem, pack_theta, unpack_theta
-from plasticlm.fednl.robust import robust_aggregate
 from plasticlm.fednl.setup import initial_theta, tasks_for
 from plasticlm.runs import write_text_atomic
 
@@ -111,7 +110,8 @@ class ThetaAverage(FedAvg):
     def __init__(self, cfg: FedNLConfig, checkpointer: Checkpointer, start_round: int,
                  num_nodes: int):
         super().__init__(fraction_train=1.0, fraction_evaluate=1.0,
-                         min_train_nodes=cfg.min_clients, min_evaluate_nodes=cfg.min_clients,
+                         min_train_nodes=cfg.federation.min_clients,
+                         min_evaluate_nodes=cfg.federation.min_clients,
                          min_available_nodes=num_nodes)
         self.cfg, self.checkpointer, self.offset = cfg, checkpointer, start_round
         self.num_nodes = num_nodes
@@ -119,9 +119,8 @@ class ThetaAverage(FedAvg):
         self.record: dict = {}
 
     def _send(self, server_round, arrays, config, grid, kind):
+        # the round only: the run config reached every node once, as Flower's run config
         config["server-round"] = server_round + self.offset
-        config["run-config"] = self.cfg.to_json()
-        config["client-state-dir"] = self.checkpointer.client_state_dir
         nodes = sorted(grid.get_node_ids())
         msgs = [Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=n,
                         message_type=kind) for n in nodes]
@@ -222,16 +221,16 @@ class ThetaAverage(FedAvg):
         valid = self._valid(replies, want_arrays=True)
         ok = [m for m, _ in valid]
         self.record["missing_train"] = self.record[f"sent_{MessageType.TRAIN}"] - len(replies)
-        if len(ok) < self.cfg.min_clients:
+        if len(ok) < self.cfg.federation.min_clients:
             raise RoundFailed(
                 f"round {self.record['round']}: only {len(ok)} valid client replies, fewer than "
-                f"min_clients={self.cfg.min_clients} (problems: {self.record.get('rejected', [])}, "
+                f"min_clients={self.cfg.federation.min_clients} (problems: {self.record.get('rejected', [])}, "
                 f"missing: {self.record['missing_train']}); the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
         theta, info = robust_aggregate(
             [theta for _, theta in valid],
             [float(m.content["metrics"]["num-examples"]) for m in ok], self.reference,
-            self.cfg.aggregation, max_examples=self.cfg.max_train)
+            self.cfg.aggregation, max_examples=self.cfg.data.max_train)
         self.record["aggregation"] = info
         self.record["clients"] = {
             str(m.content["client"]["name"]): {
@@ -255,10 +254,10 @@ class ThetaAverage(FedAvg):
 
     def aggregate_evaluate(self, server_round, replies):
         valid = self._valid(list(replies), want_arrays=False)
-        if len(valid) < self.cfg.min_clients:
+        if len(valid) < self.cfg.federation.min_clients:
             raise RoundFailed(
                 f"round {self.record['round']}: only {len(valid)} valid evaluation replies, "
-                f"fewer than min_clients={self.cfg.min_clients}; the checkpoint of round "
+                f"fewer than min_clients={self.cfg.federation.min_clients}; the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
         for m, _ in valid:
             name = str(m.content["client"]["name"])
@@ -282,7 +281,7 @@ def progress_line(rec: dict, cfg: FedNLConfig) -> str:
         values = [c[key] for c in rec["clients"].values() if key in c]
         return sum(values) / len(values) if values else None
 
-    parts = [f"{cfg.method.name} round {rec['round']}/{cfg.rounds}:",
+    parts = [f"{cfg.method.name} round {rec['round']}/{cfg.train.rounds}:",
              f"fed acc {rec['mean_fed_acc']:.3f}"]
     for key, label in (("local_acc", "local acc"), ("drop", "drop"),
                        ("train_loss", "train loss")):
@@ -299,14 +298,15 @@ def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,
     """Run the remaining rounds of ``cfg`` from the run folder's last checkpoint (if any)."""
     checkpointer = Checkpointer(Path(run_dir), cfg)
     start_round, theta = checkpointer.latest(initial)
-    if start_round >= cfg.rounds:
+    if start_round >= cfg.train.rounds:
         log.info("run already finished (%d rounds)", start_round)
         return
     num_nodes = len(tasks_for(cfg))
     strategy = ThetaAverage(cfg, checkpointer, start_round, num_nodes)
-    _wait_for_nodes(grid, num_nodes, cfg.min_clients)
+    _wait_for_nodes(grid, num_nodes, cfg.federation.min_clients)
     strategy.start(grid=grid, initial_arrays=pack_theta(theta, "float32"),
-                   num_rounds=cfg.rounds - start_round, timeout=cfg.round_timeout,
+                   num_rounds=cfg.train.rounds - start_round,
+                   timeout=cfg.federation.round_timeout,
                    train_config=ConfigRecord(), evaluate_config=ConfigRecord())
 
 
@@ -320,19 +320,16 @@ def _wait_for_nodes(grid: Grid, wanted: int, minimum: int, seconds: float = 120.
                           f"the run needs at least min_clients={minimum}")
 
 
-# The entry point of `flwr run` (the simulation's and a deployment's): the run config names a
-# config file, overrides and the run folder.
+# The entry point of `flwr run` (the simulation's and a deployment's): Flower's run config is
+# FedNLConfig's keys, dotted (the app's [tool.flwr.app.config]), and the run folder.
 server_app = ServerApp()
 
 
 @server_app.main()
 def deployed_main(grid: Grid, context: Context) -> None:
-    rc = dict(context.run_config)
-    overrides = [s for s in str(rc.get("set", "")).split(";") if s.strip()]
-    cfg = load_config(FedNLConfig, rc.get("config") or None, overrides)
-    run_dir = Path(str(rc.get("run-dir") or Path(cfg.out) / cfg.name))
+    cfg, run_dir = run_of(context)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.json", json.dumps(json.loads(cfg.to_json()), indent=2) + "\n")
+    save_config(cfg, run_dir)
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
     (run_dir / DONE_FILE).unlink(missing_ok=True)
     stop = StopRequest(run_dir)

@@ -24,17 +24,17 @@ from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 @functools.lru_cache(maxsize=4)
 def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
     cfg = FedNLConfig.from_json(cfg_json)
-    source = resolve_data_spec(cfg.data)
-    if cfg.split == "niah":
+    d = cfg.data
+    source = resolve_data_spec(d.source)
+    if d.split == "niah":
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
-        tasks = niah_tasks(source, tokenizer, cfg.niah_length, cfg.max_train, cfg.max_test,
-                           cfg.seed)
-        return tuple(with_closed_book(tasks, source, cfg.closed_book_share, cfg.seed))
-    if cfg.split == "openbook":
-        tasks = openbook_tasks(source, cfg.max_train, cfg.max_test, cfg.seed)
-        return tuple(with_closed_book(tasks, source, cfg.closed_book_share, cfg.seed))
-    return tuple(client_tasks(source, cfg.split, cfg.num_clients, cfg.alpha,
-                              cfg.max_train, cfg.max_test, cfg.seed))
+        tasks = niah_tasks(source, tokenizer, d.niah_length, d.max_train, d.max_test, cfg.seed)
+        return tuple(with_closed_book(tasks, source, d.closed_book_share, cfg.seed))
+    if d.split == "openbook":
+        tasks = openbook_tasks(source, d.max_train, d.max_test, cfg.seed)
+        return tuple(with_closed_book(tasks, source, d.closed_book_share, cfg.seed))
+    return tuple(client_tasks(source, d.split, d.num_clients, d.alpha, d.max_train, d.max_test,
+                              cfg.seed))
 
 
 def tasks_for(cfg: FedNLConfig) -> tuple[ClientTask, ...]:
@@ -49,7 +49,7 @@ def build_model(cfg: FedNLConfig):
     model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model))
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        model = prepare_model(model, cfg.method)
+        model = prepare_model(model, cfg.method, cfg.memory)
     model.eval()
     return model, tokenizer
 

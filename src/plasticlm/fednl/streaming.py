@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, DynamicCache
 
+from plasticlm.config import override, to_dict
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import (
@@ -24,7 +25,6 @@ from plasticlm.eval import (
     qa_prompt,
     seed_ci,
 )
-from plasticlm.fednl.methods import MethodConfig
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.variants import (
@@ -36,7 +36,7 @@ from plasticlm.fednl.variants import (
 )
 from plasticlm.memory import MemoryStream
 from plasticlm.plotting import plt
-from plasticlm.runs import dtype_name
+from plasticlm.runtime import dtype_name
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 from plasticlm.sandbox.tasks import load_client_streams
 
@@ -101,11 +101,11 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     by that of the first, averaged over the five streams."""
     ob = dataclasses.replace(cfg, experiment=cfg.stream_from)
     root = Path(cfg.out) / cfg.stream_from
-    streams = load_client_streams(resolve_data_spec(cfg.data) / "client_streams.jsonl")
+    streams = load_client_streams(resolve_data_spec(cfg.run.data.source) / "client_streams.jsonl")
     if cfg.stream_tokens:
         streams = long_streams(streams, cfg.stream_tokens,
-                               AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model)))
-    out: dict = {"config": dataclasses.asdict(cfg), "variants": {}}
+                               AutoTokenizer.from_pretrained(resolve_model_spec(cfg.run.model)))
+    out: dict = {"config": to_dict(cfg), "variants": {}}
     for v in variants(ob):
         if v.window == 0 and not v.trained:
             continue
@@ -212,11 +212,12 @@ def _world_tokens(tok, data: str, n: int) -> torch.Tensor:
 @torch.no_grad()
 def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     """Bytes the receiver carries after T tokens of text: FedNL's memory stream (window
-    ``cfg.window`` plus one delta-rule state per head) against a full-attention KV cache,
+    ``run.method.window`` plus one delta-rule state per head) against a full-attention KV cache,
     both measured on the live objects, fed in 512-token chunks."""
-    fcfg = federated_config(cfg, Variant("fednl", "fednl", cfg.window), 0, Path(cfg.out))
+    fcfg = federated_config(cfg, Variant("fednl", (("method.name", "fednl"),)), 0,
+                            Path(cfg.out))
     model, tok = build_model(fcfg)
-    ids = _world_tokens(tok, cfg.data, max(cfg.memory_tokens))
+    ids = _world_tokens(tok, cfg.run.data.source, max(cfg.memory_tokens))
     stream = MemoryStream(model, chunk_tokens=512)
     marks, rows, t0 = sorted(cfg.memory_tokens), [], time.time()
     for start in range(0, ids.shape[1], 512):
@@ -224,8 +225,7 @@ def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
         if start + 512 in marks:
             rows.append({"tokens": start + 512, "memory_bytes": stream.state_bytes(),
                          "memory_seconds": round(time.time() - t0, 2)})
-    base, _ = build_model(dataclasses.replace(fcfg, method=MethodConfig(name="fedavg",
-                                                                         window=0)))
+    base, _ = build_model(override(fcfg, {"method.name": "fedavg", "method.window": 0}))
     cache, t0, i = DynamicCache(), time.time(), 0
     param = next(base.parameters())
     for start in range(0, ids.shape[1], 512):
@@ -238,12 +238,12 @@ def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
                      for t in (layer.keys, layer.values))
             rows[i].update(kv_bytes=kv, kv_seconds=round(time.time() - t0, 2))
             i += 1
-    lines = [f"| tokens | FedNL stream state (window {cfg.window} + memory), KiB | "
+    lines = [f"| tokens | FedNL stream state (window {cfg.run.method.window} + memory), KiB | "
              "full-attention KV cache, KiB | ratio |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['tokens']} | {r['memory_bytes'] / 1024:.0f} | "
                      f"{r['kv_bytes'] / 1024:.0f} | {r['kv_bytes'] / r['memory_bytes']:.1f}x |")
-    out = {"config": dataclasses.asdict(cfg), "rows": rows,
+    out = {"config": to_dict(cfg), "rows": rows,
            "table": "\n".join(lines) + "\n\nMeasured on the live stream state and DynamicCache "
                     f"({dtype_name(param.dtype)}); the paper reports no OOM at "
                     "16K tokens for FedNL."}

@@ -3,16 +3,18 @@ update norms clipped relative to the other clients', and robust rules by name.
 
 A client's update is ``theta_i - theta_global``. With ``clip > 0`` an update whose norm
 exceeds ``clip`` times the median update norm of the round is scaled down to that bound
-(norm clipping relative to the current theta). Rules, applied to the clipped updates:
+(norm clipping relative to the current theta). Each rule of ``AGGREGATORS`` maps the clipped
+updates to the round's step; a new rule is one decorated function here:
 
-- ``mean``: the example-weighted mean (FedAvg); a client's count is clipped to
-  ``max_examples`` (the most the server handed any client), never taken as claimed;
-- ``median``: the coordinate-wise median (Yin et al. 2018, arXiv:1803.01498);
+- ``mean``: the example-weighted mean (FedAvg); a client's count is clipped to the most the
+  server handed any client (``data.max_train``), never taken as claimed;
+- ``median``: the coordinate-wise median (Yin et al. 2018, arXiv:1803.01498), as Flower's
+  ``FedMedian``;
 - ``trimmed_mean``: the coordinate-wise mean after cutting the ``trim`` share of largest and
-  smallest values (same paper);
+  smallest values (same paper), Flower's ``trim_mean`` (``FedTrimmedAvg``);
 - ``krum``: the update with the smallest sum of squared distances to its ``n - f - 2``
   nearest others, ``f = (n - 3) // 2`` assumed hostile (Blanchard et al. 2017,
-  arXiv:1703.02507).
+  arXiv:1703.02507), Flower's ``select_multikrum`` (``Krum``).
 """
 
 from __future__ import annotations
@@ -20,31 +22,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+import numpy as np
 import torch
+from flwr.app import ArrayRecord, RecordDict
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from plasticlm.errors import PlasticError
+from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
 
 log = logging.getLogger("plasticlm.fednl")
-RULES = ("mean", "median", "trimmed_mean", "krum")
-
-
-@dataclass(frozen=True)
-class AggregationConfig:
-    """How the server combines the clients' theta."""
-
-    rule: str = "mean"        # mean | median | trimmed_mean | krum
-    clip: float = 10.0        # update norm bound, x the round's median update norm (0: off)
-    trim: float = 0.2         # trimmed_mean: share cut at each end
-    max_examples: int = 0     # a client's weight is its count clipped to this (0: max_train)
-
-    def __post_init__(self):
-        if self.rule not in RULES:
-            raise PlasticError(f"unknown aggregation rule {self.rule!r}; choose one of "
-                               f"{', '.join(RULES)}")
-        if self.clip < 0 or not 0 <= self.trim < 0.5 or self.max_examples < 0:
-            raise PlasticError("aggregation: clip >= 0, 0 <= trim < 0.5, max_examples >= 0")
 
 
 def _flat(theta: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
@@ -75,14 +62,45 @@ def clip_updates(updates: torch.Tensor, factor: float) -> tuple[torch.Tensor, li
     return updates * scale[:, None], clipped
 
 
+@AGGREGATORS.register("mean")
+def mean_step(updates: torch.Tensor, weights: list[float], cfg: AggregationConfig
+              ) -> torch.Tensor:
+    """The weights' mean of ``updates`` [N, P] (FedAvg)."""
+    if sum(weights) <= 0:
+        raise ValueError("every client's example count is zero")
+    w = torch.tensor(weights) / sum(weights)
+    return (updates * w[:, None]).sum(0)
+
+
+@AGGREGATORS.register("median")
+def median_step(updates, weights, cfg):
+    """The coordinate-wise median (two middles averaged, as numpy's and FedMedian's)."""
+    n = len(updates)
+    return updates.median(dim=0).values if n % 2 else \
+        updates.sort(dim=0).values[n // 2 - 1: n // 2 + 1].mean(0)
+
+
+@AGGREGATORS.register("trimmed_mean")
+def trimmed_mean_step(updates, weights, cfg):
+    """Flower's ``trim_mean`` (FedTrimmedAvg) over the clients' updates."""
+    return torch.from_numpy(np.asarray(trim_mean(updates.double().numpy(), cfg.trim))).float()
+
+
 def krum_index(updates: torch.Tensor) -> int:
-    """Krum's choice among the rows of ``updates`` [N, P]."""
+    """Krum's choice among the rows of ``updates`` [N, P], by Flower's ``select_multikrum``
+    with ``f = (n - 3) // 2`` hostile clients assumed."""
     n = updates.shape[0]
-    f = max(0, (n - 3) // 2)
-    k = max(1, n - f - 2)
-    dist = torch.cdist(updates, updates) ** 2
-    scores = [float(dist[i][torch.arange(n) != i].sort().values[:k].sum()) for i in range(n)]
-    return min(range(n), key=scores.__getitem__)
+    contents = [RecordDict({"arrays": ArrayRecord({"u": row.double().numpy().copy()}),
+                            "index": ArrayRecord({"i": np.array([i])})})
+                for i, row in enumerate(updates)]
+    (chosen,) = select_multikrum(contents, num_malicious_nodes=max(0, (n - 3) // 2),
+                                 num_nodes_to_select=1)
+    return int(chosen["index"]["i"].numpy()[0])
+
+
+@AGGREGATORS.register("krum")
+def krum_step(updates, weights, cfg):
+    return updates[krum_index(updates)]
 
 
 def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequence[float],
@@ -97,23 +115,10 @@ def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequenc
     base = _flat(current, names)
     updates = torch.stack([_flat(t, names) - base for t in thetas])
     updates, clipped = clip_updates(updates, cfg.clip)
-    cap = cfg.max_examples or max_examples
+    cap = max_examples
     weights = [min(max(float(c), 0.0), float(cap)) if math.isfinite(float(c)) else 0.0
                for c in claimed]
-    if cfg.rule == "mean":
-        if sum(weights) <= 0:
-            raise ValueError("every client's example count is zero")
-        w = torch.tensor(weights) / sum(weights)
-        step = (updates * w[:, None]).sum(0)
-    elif cfg.rule == "median":
-        step = updates.median(dim=0).values if len(updates) % 2 else \
-            updates.sort(dim=0).values[len(updates) // 2 - 1: len(updates) // 2 + 1].mean(0)
-    elif cfg.rule == "trimmed_mean":
-        cut = int(cfg.trim * len(updates))
-        ordered = updates.sort(dim=0).values
-        step = ordered[cut: len(updates) - cut].mean(0)
-    else:
-        step = updates[krum_index(updates)]
+    step = AGGREGATORS[cfg.rule](updates, weights, cfg)
     if clipped:
         log.warning("clipped the updates of %d client(s) to %.1fx the median norm",
                     len(clipped), cfg.clip)

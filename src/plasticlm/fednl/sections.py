@@ -1,0 +1,154 @@
+"""The sections of FedNL's run config and the registries its choices name.
+
+Each section is a frozen, validated :func:`plasticlm.config.configclass`; ``METHODS`` and
+``AGGREGATORS`` are filled by the modules that define their members
+(:mod:`plasticlm.fednl.methods`, :mod:`plasticlm.fednl.aggregators`), which
+:mod:`plasticlm.fednl.config` imports, so a loaded config always sees every member.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from plasticlm.config import Field, configclass
+from plasticlm.errors import PlasticError
+from plasticlm.registry import Registry
+
+METHODS = Registry("federated method")
+AGGREGATORS = Registry("aggregation rule")
+
+
+@configclass
+class DataConfig:
+    """Whose data: the clients' split of a world or an MMLU folder."""
+
+    source: str = Field("sandbox", description="'sandbox' (the generated world), a world "
+                        "folder or an MMLU folder (dev/ val/ test/ of CSVs)")
+    split: Literal["domain", "dirichlet", "niah", "openbook"] = Field(
+        "domain", description="domain: 5 clients, one per domain; dirichlet: num_clients "
+        "non-IID clients; niah: 7 clients, one NIAH task each; openbook: 5 clients, sandbox "
+        "worlds only")
+    num_clients: int = Field(5, gt=0, description="dirichlet only; domain always has 5")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    max_train: int = Field(96, gt=0, description="training questions per client (cap); also "
+                           "the most examples a client's reply is weighted by")
+    max_test: int = Field(48, gt=0, description="held-out questions per client (cap)")
+    niah_length: int = Field(192, gt=0, description="niah: prompt length in tokens of the "
+                             "model's tokenizer")
+    closed_book_share: float = Field(0.0, ge=0, lt=1, description="niah / openbook: this "
+                                     "share of each client's training pairs are closed-book "
+                                     "questions (the short-context skill)")
+
+    def __post_init__(self):
+        if self.closed_book_share and self.split not in ("niah", "openbook"):
+            raise PlasticError("data.closed_book_share mixes closed-book questions into niah "
+                               f"or openbook clients; the {self.split!r} clients are "
+                               "closed-book already: leave it at 0")
+
+
+@configclass
+class MethodConfig:
+    """What theta is and what a method adds to the local objective."""
+
+    name: Annotated[str, METHODS.key] = Field("fednl", description="the federated method "
+                                              "(fednl.methods)")
+    window: int = Field(64, ge=0, description="attention window in tokens, every method (0 = "
+                        "full attention, baselines only): equal O(1) state by default; "
+                        "fednl's memory keeps what falls out of the window")
+    lora_rank: int = Field(8, gt=0, description="LoRA rank (the memory's q/k/v for fednl, "
+                           "the base's q/k/v for the LoRA baselines)")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale = lora_alpha / lora_rank")
+    prox_mu: float = Field(0.01, ge=0, description="fedprox: weight of (mu/2)||w - w_global||^2")
+    ala_layers: int = Field(1, gt=0, description="fedala: top decoder layers that get "
+                            "element-wise weights")
+    ala_steps: int = Field(4, ge=0, description="fedala: batches to learn the weights on")
+    ala_lr: float = Field(1.0, gt=0, description="fedala: learning rate of the weights")
+    si_c: float = Field(0.1, ge=0, description="fedssi: penalty strength")
+    si_xi: float = Field(1e-3, gt=0, description="fedssi: synaptic-intelligence damping")
+    si_mix: float = Field(0.5, ge=0, le=1, description="fedssi: anchor = mix * local + "
+                          "(1 - mix) * global")
+
+
+@configclass
+class MemoryOptions:
+    """FedNL's memory branch (ignored by the baselines)."""
+
+    layers: str = Field("all", description="'all' or comma-separated decoder layer indices")
+    conv: int = Field(4, ge=0, description="short causal convolution on q/k/v (DeltaNet's "
+                      "kernel 4); 0 = none")
+    gate_init: float = Field(0.0, description="gate logit: 0 gives the memory half of each "
+                             "head from the start (at -3 Adam moved it by < 0.1 in a run)")
+    mix: Literal["convex", "additive"] = Field("convex", description="how the memory joins "
+                                               "the attention, per head")
+    norm: bool = Field(False, description="RMS-normalise each head's memory read")
+    recurrent: bool = Field(True, description="false removes the recurrence (a control)")
+    gate: Literal["head", "input"] = Field("head", description="a gate logit per head, or "
+                                           "per head and token from the input")
+    decay: bool = Field(False, description="the gated delta rule (the state forgets)")
+    lora: Literal["memory", "shared"] = Field("memory", description="LoRA on the memory's "
+                                              "q/k/v, or on the q/k/v both branches read")
+
+    def __post_init__(self):
+        if self.layers != "all" and not all(
+                x.strip().isdigit() for x in self.layers.split(",") if x.strip()):
+            raise PlasticError(f"config memory.layers: 'all' or comma-separated layer "
+                               f"indices, not {self.layers!r}")
+
+
+@configclass
+class TrainConfig:
+    """Rounds and each client's local update."""
+
+    rounds: int = Field(4, gt=0, description="federated rounds")
+    local_steps: int = Field(16, gt=0, description="optimizer steps per client and round")
+    batch_size: int = Field(8, gt=0, description="training pairs per step")
+    lr: float = Field(2e-3, gt=0, description="theta learning rate (LoRA / memory)")
+    full_lr: float = Field(2e-4, gt=0, description="fedavg-full: learning rate of all weights")
+    gate_lr: float = Field(2e-2, gt=0, description="fednl: lr of the gate logits and beta "
+                           "biases (own group): Adam moves a parameter by about lr per step")
+    segment_tokens: int = Field(0, ge=0, description="> 0: truncated BPTT, each training "
+                                "sequence read in segments of this many tokens, the state "
+                                "carried (detached) across them; 0: one forward per sequence")
+
+
+@configclass
+class FederationConfig:
+    """The Flower run."""
+
+    min_clients: int = Field(2, gt=0, description="fewer valid replies than this fails the "
+                             "round")
+    round_timeout: float = Field(900.0, gt=0, description="seconds to wait for replies")
+    client_cpus: int = Field(1, gt=0, description="simulation: CPUs (and torch threads) per "
+                             "client process; each process holds one frozen base that its "
+                             "clients share (2 on 2 cores: one base copy in all)")
+    transfer_dtype: Literal["float32", "float16"] = Field("float32", description="what theta "
+                                                          "travels as")
+
+
+@configclass
+class AggregationConfig:
+    """How the server combines the clients' theta."""
+
+    rule: Annotated[str, AGGREGATORS.key] = Field("mean", description="aggregation rule (a "
+                                                  "key of fednl.aggregators.AGGREGATORS)")
+    clip: float = Field(10.0, ge=0, description="update norm bound, x the round's median "
+                        "update norm (0: off)")
+    trim: float = Field(0.2, ge=0, lt=0.5, description="trimmed_mean: share cut at each end")
+
+
+@configclass
+class EvalConfig:
+    """What is scored during the run."""
+
+    local_eval: Literal["every", "last"] = Field("every", description="rounds whose clients "
+                                                 "also score their local model (the "
+                                                 "aggregation drop); 'last' saves time")
+
+
+@configclass
+class OutputConfig:
+    """Where the run writes."""
+
+    out: str = Field("runs", description="the run folder is out/name")
+    client_state_dir: str = Field("", description="where clients keep personal state "
+                                  "(default: the run folder's clients/)")
