@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import re
 import string
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
+from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.eval.encoding import encode_pair, pad_id_of
 from plasticlm.eval.generation import generate_texts
@@ -23,22 +26,27 @@ from plasticlm.eval.prompts import QA_TEMPLATE, qa_continuation
 from plasticlm.eval.scoring import score_continuations
 
 LETTERS = string.ascii_uppercase
-METHODS = ("letters", "continuation", "generate")
-NORMALISATIONS = ("sum", "mean")
+Method = Literal["letters", "continuation", "generate"]
+Normalisation = Literal["sum", "mean"]
+METHODS = typing.get_args(Method)
+NORMALISATIONS = typing.get_args(Normalisation)
 
 
-@dataclass
+@configclass
 class MCConfig:
     """How to score multiple-choice questions (see the module docstring for ``method``)."""
 
-    method: str = "letters"
-    batch_size: int = 8
-    padding_side: str = "right"
-    normalise: str = "sum"  # continuation: "sum" of token log-probs or per-token "mean"
-    subject: str | None = None  # MMLU header "The following are ... about <subject>."
-    # continuation: the prompt, with a {question} field; default the one QA template
-    continuation_template: str = QA_TEMPLATE
-    max_new_tokens: int = 16
+    method: Method = Field("letters", description="how a choice is picked (module docstring)")
+    batch_size: int = Field(8, gt=0, description="prompts per forward pass")
+    padding_side: Literal["right", "left"] = Field("right", description="where a batch's "
+                                                   "prompts are padded")
+    normalise: Normalisation = Field("sum", description="continuation: sum of the token "
+                                     "log-probs, or their per-token mean")
+    subject: str | None = Field(None, description="MMLU header 'The following are ... about "
+                                "<subject>.'")
+    continuation_template: str = Field(QA_TEMPLATE, description="continuation: the prompt, "
+                                       "with a {question} field (default: the one QA template)")
+    max_new_tokens: int = Field(16, gt=0, description="generate: tokens generated at most")
 
 
 @dataclass
@@ -111,8 +119,6 @@ def choice_scores(model, tokenizer, questions: Sequence[str],
     if config.method not in ("letters", "continuation"):
         raise PlasticError(f"choice_scores needs method 'letters' or 'continuation', "
                            f"not {config.method!r}")
-    if config.normalise not in NORMALISATIONS:
-        raise PlasticError(f"normalise must be one of {NORMALISATIONS}, not {config.normalise!r}")
     contexts, conts, owners = [], [], []
     for q, opts in zip(questions, choices, strict=True):
         _check_choices(opts)
@@ -142,8 +148,6 @@ def evaluate_mc(model, tokenizer, questions: Sequence[str], choices: Sequence[Se
                 answers: Sequence[int | str], config: MCConfig | None = None) -> MCResult:
     """Multiple-choice accuracy of ``model`` by ``config.method``; answers as index or letter."""
     config = config or MCConfig()
-    if config.method not in METHODS:
-        raise PlasticError(f"unknown method {config.method!r}; choose one of {', '.join(METHODS)}")
     if not (len(questions) == len(choices) == len(answers)):
         raise PlasticError(f"{len(questions)} questions, {len(choices)} choice lists and "
                            f"{len(answers)} answers: they must be equally many")
