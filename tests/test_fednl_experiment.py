@@ -47,7 +47,7 @@ def quick_world():
 
 
 def test_openbook_clients_are_tested_on_entities_they_never_trained_on(quick_world):
-    from plasticlm.fednl.task import client_tasks
+    from plasticlm.fednl.clients import client_tasks
 
     tasks = client_tasks(quick_world, split="openbook")
     assert len(tasks) == 5 and len({t.domain for t in tasks}) == 5
@@ -66,7 +66,7 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
     its pairs, in the pre-training template, none of them a closed-book test question."""
     from plasticlm.eval import qa_continuation, qa_prompt
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.task import (
+    from plasticlm.fednl.clients import (
         closed_book_test,
         has_closed_book_pool,
         openbook_tasks,
@@ -148,7 +148,7 @@ def test_long_streams_continue_each_domain_with_the_others(quick_world):
 def test_every_niah_client_scores_by_choice(quick_world):
     """All seven NIAH tasks get four options per sample, word answers included (decoys from
     other samples' answers), and a score per held-out sample."""
-    from plasticlm.fednl.task import niah_tasks
+    from plasticlm.fednl.clients import niah_tasks
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import sandbox_model
 

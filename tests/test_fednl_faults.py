@@ -21,7 +21,7 @@ from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import MethodConfig
-from plasticlm.fednl.server_app import RoundFailed, ThetaAverage
+from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 
 THETA = {"w": torch.ones(2, 3), "b": torch.zeros(3)}
 

@@ -43,7 +43,7 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
     assert records[-1]["alpha"] != records[0]["alpha"]  # the gate moves across rounds
     # the progress line logged per round carries the round's metrics
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.server_app import progress_line
+    from plasticlm.fednl.strategy import progress_line
 
     cfg = FedNLConfig.from_json((reference_run / "config.json").read_text())
     line = progress_line(records[0], cfg)

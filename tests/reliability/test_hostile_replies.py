@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.robust import AggregationConfig
-from plasticlm.fednl.server_app import RoundFailed, ThetaAverage
+from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -16,7 +16,7 @@ import pytest
 
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.server_app import RunStopped, StoppableGrid, StopRequest
+from plasticlm.fednl.stopping import RunStopped, StoppableGrid, StopRequest
 
 ROUNDS = 6
 # two clients and few test questions: the first round (Ray start-up) is the run's cost

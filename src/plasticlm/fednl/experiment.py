@@ -38,12 +38,12 @@ from plasticlm.eval import (
     seed_ci,
     verdict,
 )
+from plasticlm.fednl.clients import closed_book_test, has_closed_book_pool
 from plasticlm.fednl.comm import run_comm_experiment
 from plasticlm.fednl.legacy import experiment_config
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
-from plasticlm.fednl.task import closed_book_test, has_closed_book_pool
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import (
     ExperimentConfig,

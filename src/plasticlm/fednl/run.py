@@ -21,9 +21,10 @@ from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig, app_config
 from plasticlm.fednl.report import plot_run, summarise
 from plasticlm.fednl.sections import METHODS
-from plasticlm.fednl.server_app import DONE_FILE, ERROR_FILE, StopRequest, progress_line
 from plasticlm.fednl.setup import build_model, tasks_for
 from plasticlm.fednl.simulation import end_shared_link, running_link, shared_link
+from plasticlm.fednl.stopping import DONE_FILE, ERROR_FILE, StopRequest
+from plasticlm.fednl.strategy import progress_line
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
 from plasticlm.runs import clear_run_folder

@@ -7,15 +7,10 @@ import functools
 import torch
 from transformers import AutoTokenizer
 
+from plasticlm.fednl.clients import client_tasks, niah_tasks, openbook_tasks, with_closed_book
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.task import (
-    ClientTask,
-    client_tasks,
-    niah_tasks,
-    openbook_tasks,
-    with_closed_book,
-)
+from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from plasticlm.config import Field, configclass, override, read_saved_config
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.sections import (
@@ -22,7 +23,6 @@ from plasticlm.fednl.sections import (
     TrainConfig,
 )
 from plasticlm.fednl.setup import build_model
-from plasticlm.fednl.task import has_closed_book_pool
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import clear_run_folder
 from plasticlm.tensor_files import load_tensors

@@ -1,0 +1,148 @@
+"""The shape of the package: rooms under 300 lines, layers that import only downward, no
+import circle, methods that never import each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "plasticlm"
+MAX_LINES = 300
+
+# Each top-level part of the package and its layer; a part imports only parts of a lower layer
+# or its own (docs/architecture.md draws the same picture).
+LAYERS = {
+    0: {"errors", "env", "registry", "config", "runs", "runtime", "tensor_files", "plotting",
+        "tls", "cpu"},
+    1: {"models", "data", "eval"},
+    2: {"memory", "sandbox"},
+    3: {"fednl", "refine", "scol"},
+    4: {"benchmarks", "shape_bench", "run_report", "tensorboard_export"},
+    5: {"cli"},
+}
+LAYER_OF = {part: n for n, parts in LAYERS.items() for part in parts}
+METHODS = {"fednl", "refine", "scol"}
+
+
+def _sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported plasticlm module, whether at module level) of every import in ``path``;
+    ``from X import name`` counts name as a module when it is one."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(node) for node in tree.body}
+    for node in tree.body:   # TYPE_CHECKING blocks count as module level: a circle all the same
+        if isinstance(node, ast.If):
+            top |= {id(n) for n in ast.walk(node)}
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            names = [f"{base}.{a.name}" if (SRC.parent / f"{base}.{a.name}".replace(".", "/")
+                                             ).with_suffix(".py").exists()
+                     or (SRC.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()
+                     else base for a in node.names]
+        out += [(n, id(node) in top) for n in names if n.split(".")[0] == "plasticlm"]
+    return out
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(SRC)))
+def test_every_source_file_is_under_300_lines(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines; split it by concept"
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {p.stem if p.is_file() else p.name for p in SRC.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+             or (p.is_dir() and any(p.glob("*.py")))}
+    assert parts - set(LAYER_OF) == set(), "name the layer of each new part in LAYERS"
+
+
+def test_layers_import_only_downward_and_methods_never_each_other():
+    wrong = []
+    for path in _sources():
+        here = _part(_module(path))
+        if not here:   # the package's own __init__ sets up the float path and errors
+            continue
+        for target, _ in _imports(path):
+            there = _part(target)
+            if not there or there == here:
+                continue
+            if LAYER_OF.get(there, 0) >= LAYER_OF.get(here, 0) and not (
+                    LAYER_OF.get(here) == 0 and LAYER_OF.get(there) == 0):
+                wrong.append(f"{_module(path)} imports {target}")
+            if here in METHODS and there in METHODS:
+                wrong.append(f"method {here} imports method {there}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_data_imports_nothing_of_the_package_but_errors():
+    wrong = [f"{_module(p)} imports {t}" for p in (SRC / "data").rglob("*.py")
+             for t, _ in _imports(p) if _part(t) not in ("data", "errors")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle_between_modules():
+    graph: dict[str, set[str]] = {}
+    modules = {_module(p) for p in _sources()}
+    for path in _sources():
+        # a package's __init__ re-exporting its modules is not a circle of theirs
+        if path.name == "__init__.py":
+            continue
+        graph[_module(path)] = {t for t, top in _imports(path)
+                                if top and t in modules and not t.endswith("__init__")
+                                and (SRC.parent / t.replace(".", "/")).with_suffix(".py").exists()}
+    seen, stack, circles = set(), [], []
+
+    def visit(node: str) -> None:
+        if node in stack:
+            circles.append(" -> ".join(stack[stack.index(node):] + [node]))
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        stack.pop()
+
+    for module in sorted(graph):
+        visit(module)
+    assert not circles, "\n".join(circles)
+
+
+def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
+    """Break it to trust it: a fake package whose two modules import each other."""
+    pkg = tmp_path / "plasticlm" / "scol"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("from plasticlm.scol.b import B\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from plasticlm.scol.a import A\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path / "plasticlm")
+    with pytest.raises(AssertionError, match="scol.a -> plasticlm.scol.b"):
+        test_no_import_circle_between_modules()
