@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import random
 import re
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from plasticlm.data.jsonl import read_jsonl
 from plasticlm.data.records import Document
 from plasticlm.errors import PlasticError
 
-TASKS = ("single", "multikey", "multivalue", "multiquery", "uuid", "numeric", "vartrack")
+Task = Literal["single", "multikey", "multivalue", "multiquery", "uuid", "numeric", "vartrack"]
+TASKS: tuple[str, ...] = typing.get_args(Task)
 
 _ADJ = ("amber", "silent", "crimson", "hollow", "bright", "frozen", "gentle", "rapid", "golden",
         "misty", "quiet", "rustic", "velvet", "wild", "ashen", "lunar", "sable", "tidal")
@@ -26,17 +29,33 @@ _NOUN = ("falcon", "river", "lantern", "meadow", "harbor", "compass", "orchard",
          "violin", "thistle", "beacon", "canyon", "quill", "ember", "willow", "anchor", "summit")
 
 
-@dataclass
+@dataclass(frozen=True)
 class NIAHConfig:
-    """How one sample is built. ``length`` counts tokens (or words); ``depth`` is in [0, 1]."""
+    """How one sample is built. ``length`` counts tokens (or words); ``depth`` is in [0, 1].
+    A plain frozen dataclass (``data`` imports nothing of the package but ``errors``), its
+    fields checked here."""
 
-    task: str = "single"
+    task: Task = "single"
     length: int = 1024
     depth: float = 0.5
     num_distractors: int = 3     # multikey: other keys with their own needles
     num_values: int = 4          # multivalue: values written for the one key
     num_queries: int = 2         # multiquery: keys asked at once (of num_queries + 2 needles)
     chain_length: int = 4        # vartrack: variables that end up holding the value
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise PlasticError(f"unknown NIAH task {self.task!r}; choose one of "
+                               f"{', '.join(TASKS)}")
+        if not isinstance(self.depth, int | float) or isinstance(self.depth, bool) \
+                or not 0.0 <= self.depth <= 1.0:
+            raise PlasticError(f"needle depth {self.depth!r} is outside [0, 1]")
+        for name, least in (("length", 1), ("num_distractors", 0), ("num_values", 1),
+                            ("num_queries", 1), ("chain_length", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise PlasticError(f"NIAH {name} must be a whole number >= {least}, not "
+                                   f"{value!r}")
 
 
 @dataclass
@@ -165,8 +184,6 @@ def make_sample(cfg: NIAHConfig, sentences: Sequence[str], seed: int = 0, tokeni
     needles (multivalue, multiquery, vartrack chains, in order) and distractors are spread
     at random sentence boundaries after or around it.
     """
-    if not 0.0 <= cfg.depth <= 1.0:
-        raise PlasticError(f"needle depth {cfg.depth} is outside [0, 1]")
     if not sentences:
         raise PlasticError("an empty haystack: give essays or world text")
     rng = random.Random(seed)
