@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from plasticlm.errors import PlasticError
+from plasticlm.registry import Registry
 
 __all__ = ["Field", "configclass", "load_config", "from_dict", "to_dict", "save_config",
            "read_saved_config", "field_docs", "describe", "preset_path", "override",
@@ -208,9 +209,14 @@ def read_saved_config(cls: type[T], folder: str | Path, name: str = "config.json
     return from_dict(cls, data)
 
 
-def _choices(annotation: Any) -> str:
-    if typing.get_origin(annotation) is typing.Literal:
-        return " | ".join(str(a) for a in typing.get_args(annotation))
+def _choices(info: Any) -> str:
+    """The valid values of a field: a ``Literal``'s, or a registry key's members."""
+    if typing.get_origin(info.annotation) is typing.Literal:
+        return " | ".join(str(a) for a in typing.get_args(info.annotation))
+    for m in info.metadata:
+        registry = getattr(getattr(m, "func", None), "__self__", None)
+        if isinstance(registry, Registry):
+            return " | ".join(registry.names())
     return ""
 
 
@@ -225,7 +231,7 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
         if is_config(info.annotation):
             out += field_docs(info.annotation, f"{prefix}{name}.")
             continue
-        choices = _choices(info.annotation)
+        choices = _choices(info)
         text = info.description or ""
         out.append((prefix + name, default,
                     f"{choices}: {text}" if choices and text else choices or text))

@@ -50,8 +50,8 @@ class DataConfig:
 class MethodConfig:
     """What theta is and what a method adds to the local objective."""
 
-    name: Annotated[str, METHODS.key] = Field("fednl", description="the federated method "
-                                              "(fednl.methods)")
+    name: Annotated[str, METHODS.key] = Field("fednl", description="what theta is and how "
+                                              "it trains (fednl/methods.py)")
     window: int = Field(64, ge=0, description="attention window in tokens, every method (0 = "
                         "full attention, baselines only): equal O(1) state by default; "
                         "fednl's memory keeps what falls out of the window")
@@ -129,8 +129,8 @@ class FederationConfig:
 class AggregationConfig:
     """How the server combines the clients' theta."""
 
-    rule: Annotated[str, AGGREGATORS.key] = Field("mean", description="aggregation rule (a "
-                                                  "key of fednl.aggregators.AGGREGATORS)")
+    rule: Annotated[str, AGGREGATORS.key] = Field("mean", description="how the clients' updates "
+                                                  "combine (fednl/aggregators.py)")
     clip: float = Field(10.0, ge=0, description="update norm bound, x the round's median "
                         "update norm (0: off)")
     trim: float = Field(0.2, ge=0, lt=0.5, description="trimmed_mean: share cut at each end")
