@@ -35,8 +35,8 @@ __all__ = ["Field", "configclass", "load_config", "from_dict", "to_dict", "save_
 
 T = TypeVar("T")
 
-# lax numbers (1 for 1.0, lists for tuples) but never a silent extra key
-_SECTION = ConfigDict(extra="forbid", validate_default=False, arbitrary_types_allowed=False)
+# lax numbers (1 for 1.0, lists for tuples) but never a silent extra key, NaN or infinity
+_SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def configclass(cls: type[T]) -> type[T]:
