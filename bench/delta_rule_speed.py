@@ -5,7 +5,8 @@ outputs compared, at each thread count given. The transformers reference takes [
 and always scales q by Dk^-0.5, so ours gets q * Dk^-0.5 (keys are L2-normalised
 beforehand, the flag stays off).
 
-    python bench/delta_rule_speed.py      # writes bench/results/delta_rule_speed.{json,png}
+    python bench/delta_rule_speed.py          # writes bench/results/delta_rule_speed.{json,png}
+    python bench/delta_rule_speed.py --smoke  # T = 128, 1 thread, 1 rep; writes to a temp folder
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
 
 from plasticlm.benchmarks import delta_rule_rows
-from plasticlm.runs import machine
+from plasticlm.runtime import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -30,7 +32,12 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default=str(RESULTS / "delta_rule_speed.json"))
+    ap.add_argument("--smoke", action="store_true",
+                    help="T = 128, 1 thread, 1 rep, written to a temp folder (a quick check)")
     args = ap.parse_args()
+    if args.smoke:
+        args.lengths, args.reps, args.threads = [128], 1, [1]
+        args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "delta_rule_speed.json")
     rows = []
     for n in args.threads:
         torch.set_num_threads(n)

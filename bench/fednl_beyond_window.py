@@ -185,7 +185,7 @@ def main(argv=None) -> int:
         pooled_bootstrap_ci,
     )
     from plasticlm.models import load_causal_lm
-    from plasticlm.runs import set_threads
+    from plasticlm.runtime import set_threads
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.tasks import openbook_items
     from plasticlm.sandbox.world import generate_world

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from plasticlm.fednl.task import NIAHTask
     from plasticlm.fednl.theta import get_theta, set_theta
     from plasticlm.fednl.variants import ExperimentConfig, Variant, federated_config
-    from plasticlm.runs import set_threads
+    from plasticlm.runtime import set_threads
     from plasticlm.sandbox import resolve_data_spec
     from plasticlm.sandbox.tasks import load_client_streams
 

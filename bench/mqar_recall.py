@@ -19,7 +19,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from plasticlm.memory.mqar import MQARConfig, run_mqar  # noqa: E402
+from plasticlm.memory.mqar import run_mqar  # noqa: E402
+from plasticlm.memory.mqar_config import MQARConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -250,7 +250,7 @@ def main() -> None:
             raise SystemExit(f"no preset report at {path}; give --report a report.json that "
                              "`plasticlm models pretrain --preset sandbox` wrote")
         reports[path.stem] = json.loads(path.read_text())
-    from plasticlm.runs import machine
+    from plasticlm.runtime import machine
 
     if args.from_json:
         result = json.loads(args.from_json.read_text())

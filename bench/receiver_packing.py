@@ -63,7 +63,7 @@ class Arm:
 def main() -> None:
     from plasticlm.data.niah import generate_niah, haystack_sentences
     from plasticlm.models import pack_corpus, train_bpe_tokenizer, train_lm, train_lm_repacked
-    from plasticlm.runs import machine, seed_everything
+    from plasticlm.runtime import machine, seed_everything
     from plasticlm.sandbox import PRESETS, shuffle_statements, train_drills, world_mc_items
     from plasticlm.sandbox.pretrain import build_model
     from plasticlm.sandbox.probes import niah_choice

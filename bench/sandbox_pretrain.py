@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
 
-    from plasticlm.runs import set_threads
+    from plasticlm.runtime import set_threads
     from plasticlm.sandbox import preset_dir, pretrain_preset, probe_table
 
     set_threads(args.threads)

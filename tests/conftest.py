@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from plasticlm.runs import THREADS_ENV, set_threads, threads
+from plasticlm.env import THREADS_ENV
+from plasticlm.runtime import set_threads, threads
 
 # Tests never reach a hub: a missing model must fail fast, not try the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -12,8 +12,10 @@ import torch
 from plasticlm.cli import COMMANDS, build_parser, main
 from plasticlm.config import field_docs, load_config, parse_value, preset_path
 from plasticlm.cpu import has_float_path
+from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError
-from plasticlm.runs import THREADS_ENV, RunDir, cache_home, seed_everything, set_threads, threads
+from plasticlm.runs import RunDir, cache_home
+from plasticlm.runtime import seed_everything, set_threads, threads
 
 
 @dataclasses.dataclass
@@ -251,7 +253,7 @@ def test_training_bar_in_a_log_draws_at_its_interval_not_every_step(monkeypatch,
 
 
 def test_machine_names_the_cpu_and_the_simd_level_torch_uses():
-    from plasticlm.runs import machine
+    from plasticlm.runtime import machine
 
     info = machine()
     assert info["cpu"] and info["cpu_count"] >= 1 and info["torch"] == torch.__version__
@@ -272,3 +274,22 @@ def test_import_pins_one_float_path_and_a_users_choice_wins():
                          env={**env, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
                          ).stdout.split()
     assert out == ["DEFAULT", "COMPATIBLE"]
+
+
+def test_a_typo_in_a_choice_is_refused_naming_the_choices(tmp_path):
+    from plasticlm.data.niah import NIAHConfig
+    from plasticlm.eval import MCConfig
+    from plasticlm.sandbox.world import WorldConfig
+
+    with pytest.raises(PlasticError, match="config method: input should be 'letters', "
+                       "'continuation' or 'generate', got 'leters'"):
+        load_config(MCConfig, None, ["method=leters"])
+    path = tmp_path / "world.toml"
+    path.write_text('specialist_domain = "pharmacolgy"\n')
+    with pytest.raises(PlasticError, match="config specialist_domain: input should be "
+                       "'pharmacology', 'software', 'biography', 'law' or 'geography', got "
+                       "'pharmacolgy'"):
+        load_config(WorldConfig, path)
+    with pytest.raises(PlasticError, match="unknown NIAH task 'multikye'; choose one of single, "
+                       "multikey, multivalue, multiquery, uuid, numeric, vartrack"):
+        NIAHConfig("multikye")

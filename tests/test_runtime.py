@@ -1,4 +1,4 @@
-"""Run-time conventions: --device/--dtype through runs.runtime to every model a command
+"""Run-time conventions: --device/--dtype through runtime.runtime to every model a command
 loads, clear errors for devices this machine lacks, and the one logging set-up."""
 
 import json
@@ -11,10 +11,11 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from plasticlm.cli import main
+from plasticlm.env import DEVICE_ENV, DTYPE_ENV
 from plasticlm.errors import PlasticError
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Fuser, kv_layout
-from plasticlm.runs import DEVICE_ENV, DTYPE_ENV, pick_device, pick_dtype, runtime
+from plasticlm.runtime import pick_device, pick_dtype, runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

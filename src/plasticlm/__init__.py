@@ -5,7 +5,8 @@ Three methods on one shared ground:
 - ``plasticlm.refine`` federated inference by KV-cache exchange,
 - ``plasticlm.scol``   self-consolidating language models.
 Shared ground: ``plasticlm.models`` (loading, tiny builders, llama2.c import),
-``plasticlm.runs`` (seeds, run folders, devices), ``plasticlm.config``.
+``plasticlm.runs`` (run folders), ``plasticlm.runtime`` (seeds, devices, threads),
+``plasticlm.config``.
 """
 
 import os as _os

@@ -43,7 +43,8 @@ from plasticlm.plotting import plt
 from plasticlm.refine import FedRefine, Fuser, Link, Peer
 from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.report import LINK_MB_PER_S, link_latency_ms
-from plasticlm.runs import machine, write_text_atomic
+from plasticlm.runs import write_text_atomic
+from plasticlm.runtime import machine
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import consolidate_stream
 from plasticlm.scol.setup import ExperimentConfig, quick_config, resolve_world_file

@@ -1,5 +1,5 @@
 """What the CPU is, read without torch: ``plasticlm/__init__`` pins the float path from it
-before torch loads, and :func:`plasticlm.runs.machine` reports it."""
+before torch loads, and :func:`plasticlm.runtime.machine` reports it."""
 
 from __future__ import annotations
 

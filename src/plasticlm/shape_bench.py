@@ -36,7 +36,7 @@ from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
 from plasticlm.refine import FedRefine, Fuser, Link, Peer
 from plasticlm.refine.modes import RefineConfig
-from plasticlm.runs import machine
+from plasticlm.runtime import machine
 from plasticlm.sandbox import resolve_model_spec
 from plasticlm.sandbox.tasks import load_openbook
 from plasticlm.scol.contexts import contexts_from_passages

@@ -14,8 +14,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.models import build_tiny, load_causal_lm
 from plasticlm.refine import Fuser, FuserConfig
-from plasticlm.runs import load_tensors
 from plasticlm.scol.setup import ExperimentConfig
+from plasticlm.tensor_files import load_tensors
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", b"\x10\x00\x00\x00\x00\x00\x00\x00{"])

@@ -43,12 +43,12 @@ from plasticlm.refine import Fuser, FuserConfig
 from plasticlm.refine.experiment import ExperimentConfig as RefineExperimentConfig
 from plasticlm.refine.ladder import TransferConfig
 from plasticlm.refine.train import FuserTrainConfig
-from plasticlm.runs import load_tensors
 from plasticlm.sandbox.text import TextPretrainConfig
 from plasticlm.sandbox.world import WorldConfig
 from plasticlm.scol.calibrate import SweepConfig
 from plasticlm.scol.policy import format_action, parse_layers
 from plasticlm.scol.setup import ExperimentConfig as SCoLExperimentConfig
+from plasticlm.tensor_files import load_tensors
 
 FUZZ = settings(max_examples=40, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

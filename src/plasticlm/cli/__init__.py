@@ -11,8 +11,8 @@ import sys
 from importlib import metadata
 
 from plasticlm import __version__
+from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
-from plasticlm.runs import THREADS_ENV, runtime, threads
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
 COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol", "report", "bench")
@@ -111,12 +111,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    # heavy: imported when the command runs, not when the parser is built
+    from plasticlm.runtime import threads
+
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     try:
         # the thread policy and, for commands that load models, their device and dtype:
-        # set once here for the whole command (plasticlm.runs)
+        # set once here for the whole command (plasticlm.runtime)
         with threads(args.global_threads), _runtime(args):
             return args.func(args) or 0
     except Stopped as e:
@@ -134,6 +137,9 @@ def _runtime(args):
     """The device and dtype of a command that loads models (``add_runtime_options``)."""
     if not hasattr(args, "device"):  # the command loads no model
         return contextlib.nullcontext()
+    # heavy: imported when the command runs, not when the parser is built
+    from plasticlm.runtime import runtime
+
     return runtime(args.device, getattr(args, "dtype", None))
 
 

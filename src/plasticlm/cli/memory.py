@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+
+from plasticlm.cli.options import add_config_options, load_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from plasticlm.memory.mqar import MQARConfig
-
     p = sub.add_parser("memory", help="delta-rule memory: recall experiment, adapter info",
                        description="FedNL's memory-augmented attention (delta rule + windowed softmax).")
     msub = p.add_subparsers(dest="memory_command", required=True, metavar="ACTION")
@@ -18,10 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Train a 2-layer tiny Llama from scratch twice with the same budget "
                         "(window alone; window + delta-rule memory) on multi-query associative recall, "
                         "then print and save both accuracies.")
-    for f in dataclasses.fields(MQARConfig):
-        kind = _yes_no if isinstance(f.default, bool) else type(f.default)
-        q.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    q.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (the same as --set threads=N)")
     q.add_argument("--out", default="runs/mqar", help="run folder for config.json and result.json")
+    add_config_options(q, "plasticlm.memory.mqar_config:MQARConfig")
     q.set_defaults(func=_mqar)
 
     q = msub.add_parser("info", help="print a saved memory adapter's config and size",
@@ -31,20 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=_info)
 
 
-def _yes_no(text: str) -> bool:
-    # bool("false") is True: argparse's type=bool would accept anything as true
-    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    if text.strip().lower() not in value:
-        raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
-    return value[text.strip().lower()]
-
-
 def _mqar(args) -> int:
-    from plasticlm.memory.mqar import MQARConfig, run_mqar
+    from plasticlm.errors import PlasticError
+    from plasticlm.memory.mqar import run_mqar
+    from plasticlm.memory.mqar_config import MQARConfig
     from plasticlm.runs import RunDir
 
-    fields = {f.name for f in dataclasses.fields(MQARConfig)}
-    config = MQARConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    extra = []
+    if args.threads is not None:
+        if any(o.split("=", 1)[0].strip() == "threads" for o in args.overrides):
+            raise PlasticError("give --threads N or --set threads=N, not both")
+        extra = [f"threads={args.threads}"]
+    config = load_from_args(MQARConfig, args, extra)   # refused before the run folder exists
     run = RunDir(args.out)
     run.write_json("config.json", config)
     results = run_mqar(config)

@@ -7,7 +7,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 
-from plasticlm.runs import DEVICE_ENV, DEVICES, DTYPE_ENV, DTYPES
+from plasticlm.env import DEVICE_ENV, DEVICES, DTYPE_ENV, DTYPE_NAMES
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -61,7 +61,7 @@ def load_from_args(cls, args, extra: list[str] = ()):
 
 def add_runtime_options(p: argparse.ArgumentParser, float32_only: str = "") -> None:
     """``--device`` and ``--dtype`` of every model the command loads; the CLI applies them
-    once for the whole command (``runs.runtime``). ``float32_only``: why this command's
+    once for the whole command (``runtime.runtime``). ``float32_only``: why this command's
     weights stay float32 (its ``--dtype`` then refuses anything else, saying so)."""
     p.add_argument("--device", default=None, metavar="|".join(DEVICES),
                    help=f"where models run (default ${DEVICE_ENV}, else auto: CUDA when "
@@ -76,6 +76,6 @@ def add_runtime_options(p: argparse.ArgumentParser, float32_only: str = "") -> N
         p.add_argument("--dtype", default=None, type=only_float32, metavar="float32",
                        help=f"float32 only: {float32_only}")
         return
-    p.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+    p.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                    help=f"dtype the models load in (default ${DTYPE_ENV}, else float32); "
                    "trained adapters (memory, LoRA, fusers) stay float32")

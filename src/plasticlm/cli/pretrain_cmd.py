@@ -8,15 +8,6 @@ from pathlib import Path
 
 from plasticlm.cli.options import add_config_options, load_from_args
 from plasticlm.errors import PlasticError
-from plasticlm.runs import set_threads
-from plasticlm.sandbox import (
-    TextPretrainConfig,
-    ensure_sandbox_models,
-    preset_dir,
-    pretrain_preset,
-    pretrain_text,
-    probe_table,
-)
 
 
 def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +29,17 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
 
 
 def _pretrain(args) -> int:
+    # heavy: imported when the command runs, not when the parser is built
+    from plasticlm.runtime import set_threads
+    from plasticlm.sandbox import (
+        TextPretrainConfig,
+        ensure_sandbox_models,
+        preset_dir,
+        pretrain_preset,
+        pretrain_text,
+        probe_table,
+    )
+
     if args.threads:
         set_threads(args.threads)
     if (args.preset is None) == (args.text is None):

@@ -19,7 +19,7 @@ from plasticlm.config import from_dict
 from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
 from plasticlm.memory.layer import MemoryAttention, MemoryConfig
-from plasticlm.runs import load_tensors
+from plasticlm.tensor_files import load_tensors
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 CONFIG_FILE = "memory_config.json"

@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from plasticlm.config import require_positive
 from plasticlm.errors import PlasticError
 from plasticlm.memory.adapter import attach_memory
+from plasticlm.memory.mqar_config import MQARConfig, check_mqar_sizes
 from plasticlm.models import build_tiny
-from plasticlm.runs import seed_everything, set_threads
+from plasticlm.runtime import seed_everything, set_threads
 
 IGNORE = -100
-
-
-def check_mqar_sizes(vocab_size: int, seq_len: int, num_kv: int) -> None:
-    """Refuse sizes no MQAR sample fits: too few keys or values, or too few query slots."""
-    half = vocab_size // 2
-    if num_kv > half - 1 or num_kv > vocab_size - half:
-        raise PlasticError(f"vocab_size={vocab_size} has too few keys/values for num_kv={num_kv}")
-    slots = (seq_len - 2 * num_kv) // 2
-    if slots < num_kv:
-        raise PlasticError(f"seq_len={seq_len} leaves room for {slots} queries, fewer than "
-                           f"num_kv={num_kv}")
 
 
 def mqar_batch(batch: int, seq_len: int, num_kv: int, vocab_size: int,
@@ -65,42 +53,6 @@ def mqar_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     if not mask.any():
         raise PlasticError("no labelled positions in this batch")
     return (logits.argmax(-1)[mask] == labels[mask]).float().mean().item()
-
-
-@dataclass
-class MQARConfig:
-    """The recall experiment: a 2-layer tiny Llama trained from scratch on MQAR."""
-
-    steps: int = 1000
-    batch: int = 32
-    lr: float = 3e-3
-    seq_len: int = 64
-    num_kv: int = 8
-    window: int = 8             # softmax window; shorter than the key-value span
-    vocab: int = 128
-    hidden: int = 128
-    heads: int = 4
-    rank: int = 8
-    conv: int = 4
-    eval_every: int = 100
-    test_examples: int = 512
-    seed: int = 0
-    threads: int = 1
-    recurrent: bool = True      # False: the memory with its recurrence removed (a control)
-
-    def __post_init__(self):
-        require_positive(self, "steps", "batch", "lr", "seq_len", "num_kv", "window", "vocab",
-                         "hidden", "heads", "rank", "eval_every", "test_examples", "threads")
-        if self.conv < 0:
-            raise PlasticError(f"conv must be >= 0, not {self.conv}")
-        if self.hidden % self.heads:
-            raise PlasticError(f"hidden={self.hidden} is not a multiple of heads={self.heads}")
-        for seq_len, num_kv in self.test_settings():   # every test split can be drawn
-            check_mqar_sizes(self.vocab, seq_len, num_kv)
-
-    def test_settings(self) -> list[tuple[int, int]]:
-        """(seq_len, num_kv) evaluated after training: as trained, twice the pairs, 4x longer."""
-        return [(self.seq_len, self.num_kv), (2 * self.seq_len, 2 * self.num_kv), (4 * self.seq_len, self.num_kv)]
 
 
 def build_mqar_model(config: MQARConfig, with_memory: bool):

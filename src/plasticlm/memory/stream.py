@@ -17,7 +17,7 @@ from torch import nn
 from plasticlm.errors import PlasticError
 from plasticlm.memory.adapter import attach_memory, memory_config
 from plasticlm.memory.layer import LayerStreamState
-from plasticlm.runs import load_tensors
+from plasticlm.tensor_files import load_tensors
 
 
 class MemoryStream:

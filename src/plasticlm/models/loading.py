@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from plasticlm.errors import PlasticError
-from plasticlm.runs import pick_device, pick_dtype
+from plasticlm.runtime import pick_device, pick_dtype
 
 # The families every method is tested on; others load but are not promised to work.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -40,7 +40,7 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     first; when it is not there and the machine is offline (``HF_HUB_OFFLINE=1`` or no
     network), the error names the model and says how to provide it as a local path.
     The model is returned in eval mode, in ``dtype`` on ``device``; by default those of the
-    run (the command's ``--dtype``/``--device``: :func:`plasticlm.runs.runtime`), else
+    run (the command's ``--dtype``/``--device``: :func:`plasticlm.runtime.runtime`), else
     float32 on CUDA when present, else on the CPU.
     """
     hf_logging.disable_progress_bar()  # a bar per shard of a local folder is noise

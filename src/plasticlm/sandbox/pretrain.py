@@ -32,7 +32,8 @@ from plasticlm.models import (
     train_lm,
     unigram_loss,
 )
-from plasticlm.runs import atomic_folder, machine, seed_everything, write_text_atomic
+from plasticlm.runs import atomic_folder, write_text_atomic
+from plasticlm.runtime import machine, seed_everything
 from plasticlm.sandbox.drills import train_drills
 from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
 from plasticlm.sandbox.probes import (

@@ -14,7 +14,7 @@ from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.models import describe, pack_corpus, train_bpe_tokenizer, train_lm
 from plasticlm.models.tiny import ARCHS
-from plasticlm.runs import seed_everything
+from plasticlm.runtime import seed_everything
 from plasticlm.sandbox.presets import ModelSpec
 from plasticlm.sandbox.pretrain import build_model, loss_report, save_model_atomic
 

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from plasticlm.errors import PlasticError
-from plasticlm.runs import atomic_folder, load_tensors
+from plasticlm.runs import atomic_folder
+from plasticlm.tensor_files import load_tensors
 
 
 def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:

@@ -17,7 +17,7 @@ from plasticlm.data.records import LongItem
 from plasticlm.errors import PlasticError
 from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
-from plasticlm.runs import dtype_name, pick_dtype, set_threads
+from plasticlm.runtime import dtype_name, pick_dtype, set_threads
 from plasticlm.sandbox import (
     generate_world,
     get_preset,
