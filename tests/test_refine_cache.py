@@ -225,7 +225,7 @@ def test_draft_only_prefix_shares_only_the_drafted_tokens(peers):
     for bad in ({"mode": "aligned", "draft_tokens": 3}, {"mode": "prefix", "draft_tokens": 0}):
         with pytest.raises(PlasticError, match="share='draft'"):
             Fuser.for_pair(r.layout, t1.layout, rank=4, share="draft", **bad)
-    with pytest.raises(PlasticError, match="unknown share"):
+    with pytest.raises(PlasticError, match="config share: input should be 'all' or 'draft'"):
         Fuser.for_pair(r.layout, t1.layout, rank=4, mode="prefix", share="some")
 
 
@@ -251,7 +251,8 @@ def test_all_modes_run_and_cost(peers):
     n_t = len(align_tokens(r.tokenizer, t1.tokenizer, PROMPT).transmitter_ids)
     layers = len(set(f1.config.layers))
     assert out["c2c"].wire_bytes == len(PROMPT.encode()) + 2 * layers * n_t * 4 * 12 * 2
-    with pytest.raises(PlasticError, match="unknown mode"):
+    with pytest.raises(PlasticError, match="unknown FedRefine mode 'telepathy'; choose one of "
+                       "alone, t2t, c2c, multi, co-c2c"):
         fr.prepare(PROMPT, "telepathy")
 
 

@@ -19,7 +19,8 @@ from safetensors.torch import save as st_save
 from plasticlm.errors import PlasticError
 from plasticlm.refine import Fuser
 from plasticlm.refine.codec import encode_bundle, read_metadata
-from plasticlm.refine.modes import FedRefine, Link
+from plasticlm.refine.fedrefine import FedRefine
+from plasticlm.refine.modes import Link
 from plasticlm.refine.peer import load_peer
 from plasticlm.refine.registry import pair_folder
 from plasticlm.refine.remote import FuserSource

@@ -2,10 +2,13 @@
 
 - ``cache``: typed per-layer KV caches, extracted from and injected into HF models;
 - ``align``: layer maps, RoPE de-/re-rotation, token alignment across vocabularies;
-- ``fuser``: small per-layer fusers (aligned and prefix fusion), safetensors + config;
+- ``fuser``, ``fuser_config``, ``fuser_layers``: small per-layer fusers (aligned and prefix
+  fusion; the kinds in ``FUSER_KINDS``), safetensors + config;
 - ``peer``: a device's model and how prompts and answers become its tokens;
 - ``train``: fuser training with both LLMs frozen;
-- ``modes``: alone, t2t, c2c, multi and co-c2c behind one API;
+- ``modes`` (``MODES``: alone, t2t, c2c, multi, co-c2c), ``fusion`` and ``fedrefine``: the
+  modes behind one API, :class:`FedRefine`;
+- ``quant``, ``codec``, ``service``: caches on the wire (``QUANTS``) and network peers;
 - ``rephrase`` and ``leakage``: privacy by rephrasing and its measured leakage;
 - ``probe``: linear probes of what a transmitter's cache holds (the transfer probe gate);
 - ``experiment``: the mode table (accuracy, time to first token, latency, bytes);
@@ -15,21 +18,25 @@
 from plasticlm.refine.align import LAYER_MAPS, TokenAlignment, align_tokens, layer_map
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
 from plasticlm.refine.examples import Example
-from plasticlm.refine.fuser import FUSION_MODES, Fuser, FuserConfig
+from plasticlm.refine.fedrefine import Answer, FedRefine, Scored
+from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fuser_config import FUSION_MODES, FuserConfig
+from plasticlm.refine.fuser_layers import FUSER_KINDS
 from plasticlm.refine.leakage import (
     InversionResult,
     LeakageResult,
     learned_inversion,
     measure_leakage,
 )
-from plasticlm.refine.modes import MODES, Answer, FedRefine, Link, RefineConfig, Scored
+from plasticlm.refine.modes import MODES, Link, RefineConfig
 from plasticlm.refine.peer import Peer
+from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.rephrase import rephrase, rule_rephrase
 from plasticlm.refine.train import FuserTrainConfig, train_fuser, train_fusers
 
 __all__ = [
-    "FUSION_MODES", "LAYER_MAPS", "MODES", "Answer", "Example", "FedRefine", "Fuser",
-    "FuserConfig", "FuserTrainConfig", "InversionResult", "KVCache", "KVLayout", "LeakageResult",
+    "FUSER_KINDS", "FUSION_MODES", "LAYER_MAPS", "MODES", "QUANTS", "Answer", "Example",
+    "FedRefine", "Fuser", "FuserConfig", "FuserTrainConfig", "InversionResult", "KVCache", "KVLayout", "LeakageResult",
     "Link", "Peer", "RefineConfig", "Scored", "TokenAlignment", "align_tokens", "extract_cache",
     "kv_layout", "layer_map", "learned_inversion", "measure_leakage", "rephrase",
     "rule_rephrase", "train_fuser", "train_fusers",

@@ -4,13 +4,15 @@ feeds which (the receiver's tokens are the reference)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_with_bos
 
-LAYER_MAPS = ("last", "depth")
+LayerMap = Literal["last", "depth"]
+LAYER_MAPS = get_args(LayerMap)
 
 
 def layer_map(receiver_layers: int, transmitter_layers: int, strategy: str = "last") -> list[int]:

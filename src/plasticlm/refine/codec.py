@@ -8,34 +8,30 @@ the quantisation, the token count and a SHA-256 of the token ids. Cache ``i`` ha
 [L_sent, H, T, D] (plus ``i.k.scale`` [L_sent, H, 1, D] and ``i.v.scale`` [L_sent, H, T, 1]
 when quantised): few tensors, so the header stays small beside short prompts.
 
-Quantisation (``QUANTS``): float32, bf16, and int8 / fp8 (e4m3) with keys scaled per channel
-and values per token, as KIVI found keys vary by channel (RoPE pairs, outlier dims) and values
-by token. :func:`decode_bundle` checks everything before anything is used: size, header
-fields, the exact tensor names, shapes, dtypes, finite values and the token hash.
+The quantisations are the members of ``QUANTS`` (:mod:`plasticlm.refine.quant`).
+:func:`decode_bundle` checks everything before anything is used: size, header fields, the
+exact tensor names, shapes, dtypes, finite values and the token hash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from plasticlm.config import to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.refine.cache import KVCache, KVLayout
-from plasticlm.refine.fuser import Fuser, config_from
+from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fuser_config import config_from
 from plasticlm.refine.peer import Transmission
+from plasticlm.refine.quant import QUANTS, SCALE_DTYPE, dequantise
 
 CODEC_VERSION = 1
-QUANTS = ("float32", "bf16", "int8", "fp8")
-_FP8 = torch.float8_e4m3fn
-_FP8_MAX = 448.0
-_STORED = {"float32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "fp8": _FP8}
-_SCALE_DTYPE = torch.bfloat16         # scales: 2 bytes each, with float32's range
 MAX_PAYLOAD_BYTES = 64 * 2**20
 MAX_TOKENS = 4096
 MAX_CACHES = 16
@@ -50,36 +46,10 @@ def _ids_digest(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()
 
 
-def _quantise(x: torch.Tensor, quant: str, per: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``x`` [L, H, T, D] in the stored dtype, and its scale ([L, H, 1, D] per channel,
-    [L, H, T, 1] per token); float32/bf16 have no scale."""
-    if quant in ("float32", "bf16"):
-        return x.to(_STORED[quant]).contiguous(), None
-    top = 127.0 if quant == "int8" else _FP8_MAX
-    dim = 2 if per == "channel" else 3
-    amax = x.abs().amax(dim=dim, keepdim=True).float()
-    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
-    # Quantise with the scale the receiver will see, rounded up so no entry overflows.
-    scale = (scale * (1 + 2**-7)).to(_SCALE_DTYPE)
-    q = x.float() / scale.float()
-    q = q.round().clamp(-127, 127).to(torch.int8) if quant == "int8" else q.to(_FP8)
-    return q.contiguous(), scale.contiguous()
-
-
-def _dequantise(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    x = q.float()
-    return x if scale is None else x * scale.float()
-
-
-def check_quant(quant: str) -> None:
-    if quant not in QUANTS:
-        raise PlasticError(f"unknown quantisation {quant!r}; choose one of {', '.join(QUANTS)}")
-
-
 def encode_bundle(transmissions: list[Transmission], request: dict | None = None,
                   quant: str = "bf16") -> bytes:
     """Transmissions and a JSON-able ``request`` as one safetensors payload."""
-    check_quant(quant)
+    QUANTS.check(quant)
     tensors: dict[str, torch.Tensor] = {}
     headers = []
     for i, tr in enumerate(transmissions):
@@ -100,7 +70,7 @@ def encode_bundle(transmissions: list[Transmission], request: dict | None = None
         sent = sorted(tr.layers)
         for kind, per, xs in (("k", "channel", c.keys), ("v", "token", c.values)):
             x = torch.stack([xs[layer][0].detach().cpu() for layer in sent])
-            q, scale = _quantise(x, quant, per)
+            q, scale = QUANTS[quant].encode(x, per)
             tensors[f"{i}.{kind}"] = q
             if scale is not None:
                 tensors[f"{i}.{kind}.scale"] = scale
@@ -140,7 +110,9 @@ def _decode_cache(i: int, h: dict, tensors: dict) -> tuple[Transmission, set[str
     prompt_tokens = _need(h, "prompt_tokens", int, 1, tokens)
     quant = _need(h, "quant", str)
     if quant not in QUANTS:
-        raise PayloadError(f"unknown quantisation {quant!r} (this peer reads {QUANTS})")
+        raise PayloadError(f"unknown cache quantisation {quant!r} (this peer reads "
+                           f"{', '.join(QUANTS)})")
+    codec = QUANTS[quant]
     layers = h.get("layers")
     if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
             or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n_layers
@@ -172,10 +144,9 @@ def _decode_cache(i: int, h: dict, tensors: dict) -> tuple[Transmission, set[str
     n = len(layers)
     for kind, scale_shape, out in (("k", (n, heads, 1, dim), keys),
                                    ("v", (n, heads, tokens, 1), values)):
-        q = take(kind, (n, heads, tokens, dim), _STORED[quant])
-        scale = take(f"{kind}.scale", scale_shape, _SCALE_DTYPE) \
-            if quant in ("int8", "fp8") else None
-        x = _dequantise(q, scale)
+        q = take(kind, (n, heads, tokens, dim), codec.stored)
+        scale = take(f"{kind}.scale", scale_shape, SCALE_DTYPE) if codec.scaled else None
+        x = dequantise(q, scale)
         if not torch.isfinite(x).all():
             raise PayloadError(f"cache {i}: {kind} holds NaN or inf")
         for j, layer in enumerate(layers):
@@ -239,7 +210,7 @@ def read_metadata(data: bytes, key: str):
 def encode_fuser(fuser: Fuser) -> bytes:
     """A fuser (config and weights) as one safetensors payload."""
     state = {k: v.detach().contiguous().cpu() for k, v in fuser.state_dict().items()}
-    return st_save(state, metadata={"plasticlm-fuser": json.dumps(asdict(fuser.config))})
+    return st_save(state, metadata={"plasticlm-fuser": json.dumps(to_dict(fuser.config))})
 
 
 def decode_fuser(data: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> Fuser:

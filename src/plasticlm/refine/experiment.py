@@ -10,53 +10,68 @@ and plots into the run folder.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from plasticlm.config import Field, configclass
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_prompt
 from plasticlm.refine.examples import make_examples
+from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.leakage import measure_leakage
-from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.modes import Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report
 from plasticlm.refine.train import FuserTrainConfig, train_fuser
-from plasticlm.runs import RunDir
-from plasticlm.runtime import seed_everything
+from plasticlm.runs import RunDir, seed_everything
 from plasticlm.sandbox import sandbox_world
 
 
-@dataclass
+@configclass
 class ExperimentConfig:
     """Which models, which questions, which modes; fusers train with ``fuser``."""
 
-    receiver: str = "sandbox:receiver"
-    transmitters: tuple[str, ...] = ("sandbox:specialist", "sandbox:transmitter-llama",
-                                     "sandbox:transmitter-qwen2")
-    mmlu: str = ""                    # empty: the sandbox world of the receiver's preset
-    subjects: tuple[str, ...] = ()
-    train_splits: tuple[str, ...] = ("dev", "val")
-    eval_splits: tuple[str, ...] = ("test",)
-    max_train: int = 0                # 0 = all
-    max_eval: int = 0
-    fuser: FuserTrainConfig = field(default_factory=FuserTrainConfig)
-    private_rank: int = 32
-    private_draft_tokens: int = 2     # see FuserConfig.draft_tokens
-    # Draft-only prefix fusers (FuserConfig.share="draft"), one per transmitter, with this
-    # many drafted tokens; 0 leaves their rows out.
-    draft_only_tokens: int = 3
-    rounds: int = 1
-    t2t_max_new_tokens: int = 8
-    fusers_from: str = ""            # a previous run folder whose fusers/ to reuse
-    out: str = ""                     # run folder (default runs/refine-<time>)
-    seed: int = 0
-    progress: bool = True
+    receiver: str = Field("sandbox:receiver", description="the receiver model (a folder, a "
+                          "hub id, or sandbox:NAME / quick:NAME)")
+    transmitters: tuple[str, ...] = Field(
+        ("sandbox:specialist", "sandbox:transmitter-llama", "sandbox:transmitter-qwen2"),
+        min_length=1, description="the transmitter models; the first is partner 0 (private, "
+        "co-c2c and leakage rows)")
+    mmlu: str = Field("", description="MMLU-layout folder (empty: the specialist questions "
+                      "of the receiver's sandbox world)")
+    subjects: tuple[str, ...] = Field((), description="subjects to use (empty: all)")
+    train_splits: tuple[str, ...] = Field(("dev", "val"), description="splits the fusers "
+                                          "train on")
+    eval_splits: tuple[str, ...] = Field(("test",), description="splits every mode is "
+                                         "scored on (disjoint from the training splits)")
+    max_train: int = Field(0, ge=0, description="training questions kept (0: all)")
+    max_eval: int = Field(0, ge=0, description="evaluation questions kept (0: all)")
+    fuser: FuserTrainConfig = Field(default_factory=FuserTrainConfig,
+                                    description="how every fuser trains")
+    private_rank: int = Field(32, ge=1, description="rank of the private (prefix) fuser")
+    private_draft_tokens: int = Field(2, ge=0, description="tokens the private fuser's "
+                                      "transmitter drafts (see FuserConfig.draft_tokens)")
+    draft_only_tokens: int = Field(3, ge=0, description="draft-only prefix fusers "
+                                   "(FuserConfig.share='draft'), one per transmitter, with "
+                                   "this many drafted tokens; 0 leaves their rows out")
+    rounds: int = Field(1, ge=1, description="co-c2c exchanges")
+    t2t_max_new_tokens: int = Field(8, ge=0, description="t2t: tokens of each background")
+    fusers_from: str = Field("", description="a previous run folder whose fusers/ to reuse")
+    out: str = Field("", description="run folder (default runs/refine-<time>)")
+    seed: int = Field(0, description="seed of the whole run")
+    progress: bool = Field(True, description="show progress bars")
+
+    def __post_init__(self):
+        if set(self.train_splits) & set(self.eval_splits):
+            raise PlasticError(f"train splits {self.train_splits} and eval splits "
+                               f"{self.eval_splits} overlap: evaluate on questions the "
+                               "fusers never saw")
 
 
 def sandbox_world_of(model_spec: str) -> Path:
@@ -75,9 +90,6 @@ def load_questions(cfg: ExperimentConfig):
     subjects = list(cfg.subjects) or None
     train = [q for s in cfg.train_splits for q in load_mmlu(folder, s, subjects)]
     test = [q for s in cfg.eval_splits for q in load_mmlu(folder, s, subjects)]
-    if set(cfg.train_splits) & set(cfg.eval_splits):
-        raise PlasticError(f"train splits {cfg.train_splits} and eval splits {cfg.eval_splits} "
-                           "overlap: evaluate on questions the fusers never saw")
     if cfg.max_train:
         train = train[: cfg.max_train]
     if cfg.max_eval:
@@ -102,8 +114,6 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
     t_start = time.time()
     receiver = load_peer(cfg.receiver)
     peers = [load_peer(t) for t in cfg.transmitters]
-    if not peers:
-        raise PlasticError("give at least one transmitter")
     train_q, test_q, prompt_fn = load_questions(cfg)
     reuse = Path(cfg.fusers_from) if cfg.fusers_from else None
     examples = make_examples(train_q, prompt_fn)
@@ -132,11 +142,13 @@ def run_experiment(cfg: ExperimentConfig) -> dict:
                              f"{peers[0].name}-private"))
     reverse = _fuser(run.path, f"{receiver.name}-to-{peers[0].name}", reuse,
                      trainer(peers[0], receiver, examples, aligned, f"reverse-{peers[0].name}"))
-    draft_cfg = replace(cfg.fuser, mode="prefix", private=False, share="draft",
-                        draft_tokens=cfg.draft_only_tokens)
-    draft_fusers = [_fuser(run.path, f"{t.name}-to-{receiver.name}-draft", reuse,
-                           trainer(receiver, t, examples, draft_cfg, f"{t.name}-draft"))
-                    for t in peers] if cfg.draft_only_tokens > 0 else []
+    draft_fusers = []
+    if cfg.draft_only_tokens > 0:
+        draft_cfg = replace(cfg.fuser, mode="prefix", private=False, share="draft",
+                            draft_tokens=cfg.draft_only_tokens)
+        draft_fusers = [_fuser(run.path, f"{t.name}-to-{receiver.name}-draft", reuse,
+                               trainer(receiver, t, examples, draft_cfg, f"{t.name}-draft"))
+                        for t in peers]
 
     base = RefineConfig(rounds=cfg.rounds, t2t_max_new_tokens=cfg.t2t_max_new_tokens)
     links = [Link(p, f) for p, f in zip(peers, fusers)]

@@ -29,102 +29,26 @@ land on, so both fusion modes place keys exactly where they are used:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from plasticlm.config import from_dict, require_positive
-from plasticlm.data.jsonl import read_json
+from plasticlm.config import to_dict
 from plasticlm.errors import PlasticError
-from plasticlm.refine.align import derotate, layer_map, rotate
+from plasticlm.refine.align import derotate, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
-from plasticlm.refine.fuser_layers import C2CLayerFuser, LowRankLayerFuser
-from plasticlm.runtime import pick_device
-from plasticlm.tensor_files import load_tensors
-
-FUSION_MODES = ("aligned", "prefix")
-
-
-SHARE_MODES = ("all", "draft")
-
-
-FUSER_KINDS = ("c2c", "lowrank")
-
-
-CONFIG_NAME = "fuser_config.json"
-
-
-WEIGHTS_NAME = "fuser.safetensors"
-
-
-@dataclass
-class FuserConfig:
-    """Shapes of the two caches, the bottleneck rank, the layer map and the fusion mode."""
-
-    receiver_layers: int
-    receiver_kv_heads: int
-    receiver_head_dim: int
-    transmitter_layers: int
-    transmitter_kv_heads: int
-    transmitter_head_dim: int
-    kind: str = "c2c"
-    rank: int = 32                # lowrank: bottleneck width
-    hidden: int = 128             # c2c: hidden width of the K and V paths
-    dropout: float = 0.1          # c2c: dropout in the residual blocks
-    layer_map: str = "last"
-    mode: str = "aligned"
-    receiver_name: str = ""
-    transmitter_name: str = ""
-    receiver_rope_scaling: float = 1.0
-    transmitter_rope_scaling: float = 1.0
-    # Aligned mode: also fuse the last prompt position and run the last token again on the
-    # fused cache (at its own position), so that token enters the cache twice. C2C leaves the
-    # last position unfused (the default); an ablation.
-    fuse_last: bool = False
-    # Prefix mode: the transmitter also decodes this many greedy tokens after its prompt and
-    # shares their cache too (small transmitters form the answer after their last KV layer,
-    # so the cache of the prompt alone may not hold it).
-    draft_tokens: int = 0
-    # Prefix mode: which transmitter positions are shared. "all": the prompt's (after BOS)
-    # and the drafted tokens'; "draft": only the drafted tokens', so the prompt's cache
-    # never leaves the transmitter and the fuser cannot key answers on the question.
-    share: str = "all"
-
-    def __post_init__(self):
-        require_positive(self, "receiver_layers", "receiver_kv_heads", "receiver_head_dim",
-                         "transmitter_layers", "transmitter_kv_heads", "transmitter_head_dim")
-        if self.mode not in FUSION_MODES:
-            raise PlasticError(f"unknown fusion mode {self.mode!r}; choose one of "
-                               f"{', '.join(FUSION_MODES)}")
-        if self.kind not in FUSER_KINDS:
-            raise PlasticError(f"unknown fuser kind {self.kind!r}; choose one of "
-                               f"{', '.join(FUSER_KINDS)}")
-        if self.rank < 1 or self.hidden < 1:
-            raise PlasticError(f"fuser rank and hidden must be >= 1, not {self.rank}, "
-                               f"{self.hidden}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise PlasticError(f"fuser dropout must be in [0, 1), not {self.dropout}")
-        if self.share not in SHARE_MODES:
-            raise PlasticError(f"unknown share {self.share!r}; choose one of "
-                               f"{', '.join(SHARE_MODES)}")
-        if self.share == "draft" and (self.mode != "prefix" or self.draft_tokens < 1):
-            raise PlasticError("share='draft' needs mode='prefix' and draft_tokens >= 1 (the "
-                               "drafted tokens are what is shared)")
-
-    @property
-    def layers(self) -> list[int]:
-        """Transmitter layer read by each receiver layer."""
-        return layer_map(self.receiver_layers, self.transmitter_layers, self.layer_map)
-
-    @classmethod
-    def for_pair(cls, receiver: KVLayout, transmitter: KVLayout, **kw) -> FuserConfig:
-        return cls(receiver.num_layers, receiver.num_kv_heads, receiver.head_dim,
-                   transmitter.num_layers, transmitter.num_kv_heads, transmitter.head_dim,
-                   receiver_rope_scaling=receiver.rope_scaling,
-                   transmitter_rope_scaling=transmitter.rope_scaling, **kw)
+from plasticlm.refine.fuser_config import (
+    CONFIG_NAME,
+    RETRAIN,
+    WEIGHTS_NAME,
+    FuserConfig,
+    read_fuser_config,
+)
+from plasticlm.refine.fuser_layers import FUSER_KINDS
+from plasticlm.runs import load_tensors, pick_device
 
 
 class Fuser(nn.Module):
@@ -134,16 +58,8 @@ class Fuser(nn.Module):
                  transmitter_inv_freq: torch.Tensor):
         super().__init__()
         self.config = config
-        c = config
-        if c.kind == "c2c":
-            layers = (C2CLayerFuser(c.transmitter_kv_heads, c.transmitter_head_dim,
-                                    c.receiver_kv_heads, c.receiver_head_dim, c.hidden, c.dropout)
-                      for _ in range(c.receiver_layers))
-        else:
-            in_width = 2 * c.transmitter_kv_heads * c.transmitter_head_dim
-            layers = (LowRankLayerFuser(in_width, c.receiver_kv_heads, c.receiver_head_dim,
-                                        c.rank) for _ in range(c.receiver_layers))
-        self.layers = nn.ModuleList(layers)
+        kind = FUSER_KINDS[config.kind]
+        self.layers = nn.ModuleList(kind.from_config(config) for _ in range(config.receiver_layers))
         self.register_buffer("receiver_inv_freq", receiver_inv_freq.float().clone())
         self.register_buffer("transmitter_inv_freq", transmitter_inv_freq.float().clone())
 
@@ -157,18 +73,17 @@ class Fuser(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def set_temperature(self, temperature: float) -> None:
-        """The Gumbel-sigmoid temperature of every C2C layer gate (training only)."""
+        """The Gumbel-sigmoid temperature of every layer gate (training only; kinds with
+        soft gates ignore it)."""
         for layer in self.layers:
             layer.temperature = float(temperature)
 
     def gates_on(self) -> dict[str, list[int]]:
-        """C2C: the receiver layers whose K and V gates are on at inference (the learned
-        layer selection); lowrank fusers have soft gates and report every layer."""
-        if self.config.kind != "c2c":
-            every = list(range(len(self.layers)))
-            return {"keys": every, "values": every}
-        return {"keys": [i for i, f in enumerate(self.layers) if f.gate_logits[0] > 0],
-                "values": [i for i, f in enumerate(self.layers) if f.gate_logits[1] > 0]}
+        """The receiver layers whose K and V gates are on at inference (C2C: the learned
+        layer selection; kinds with soft gates report every layer)."""
+        on = [layer.gates_on() for layer in self.layers]
+        return {"keys": [i for i, (k, _) in enumerate(on) if k],
+                "values": [i for i, (_, v) in enumerate(on) if v]}
 
     @property
     def transmitter_layers_read(self) -> list[int]:
@@ -248,7 +163,7 @@ class Fuser(nn.Module):
         """Write ``fuser_config.json`` and ``fuser.safetensors`` into ``folder``."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        (folder / CONFIG_NAME).write_text(json.dumps(to_dict(self.config), indent=2) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
         return folder
@@ -256,18 +171,14 @@ class Fuser(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, device=None) -> Fuser:
         """Load a fuser written by :meth:`save_pretrained`, onto ``device`` (default: the
-        run's, as models load: :func:`plasticlm.runtime.pick_device`). Sizes in the config that
+        run's, as models load: :func:`plasticlm.runs.pick_device`). Sizes in the config that
         its weights do not back are refused before anything is built."""
         folder = Path(folder)
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():
             raise PlasticError(f"{folder} is not a fuser folder (needs {CONFIG_NAME} and "
                                f"{WEIGHTS_NAME}); train one with `plasticlm refine train-fuser`")
-        saved = read_json(folder / CONFIG_NAME, "fuser config")
-        if isinstance(saved, dict):
-            saved.setdefault("kind", "lowrank")   # folders written before there were kinds
-            saved.setdefault("fuse_last", True)
         try:
-            return cls.from_state(config_from(saved, str(folder / CONFIG_NAME)),
+            return cls.from_state(read_fuser_config(folder),
                                   load_tensors(folder / WEIGHTS_NAME, "fuser weights"),
                                   str(folder / WEIGHTS_NAME), device)
         except PlasticError as e:
@@ -299,17 +210,6 @@ class Fuser(nn.Module):
             raise PlasticError(f"{source} does not match its config "
                                f"({str(e).splitlines()[0]})") from None
         return fuser.to(pick_device(device)).eval()
-
-
-RETRAIN = "train the fuser again with `plasticlm refine train-fuser`"
-
-
-def config_from(saved, source: str) -> FuserConfig:
-    """The :class:`FuserConfig` of a saved (JSON) config, type-checked."""
-    try:
-        return from_dict(FuserConfig, saved)
-    except (PlasticError, TypeError) as e:
-        raise PlasticError(f"{source} is not a fuser config ({e})") from None
 
 
 def _unbacked(config: FuserConfig, state: dict[str, torch.Tensor]) -> str | None:

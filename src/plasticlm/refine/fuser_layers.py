@@ -1,49 +1,25 @@
-"""The per-receiver-layer fuser modules: C2C's (separate K and V paths reading both caches,
-Gumbel-sigmoid gates per layer) and a low-rank one kept for the size comparison."""
+"""The per-receiver-layer fuser modules, one registered class per fuser kind (``FUSER_KINDS``,
+the only place the kinds are listed): C2C's (separate K and V paths reading both caches,
+Gumbel-sigmoid gates per layer) and a low-rank one kept for the size comparison.
+
+A kind is a module built from the fuser's config (``from_config``) with
+``forward(t_keys, t_values, r_keys=None, r_values=None) -> (keys, values)`` and
+``gates_on() -> (key gate on, value gate on)``; add one with ``@FUSER_KINDS.register(name)``.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from plasticlm.registry import Registry
 
-class LowRankLayerFuser(nn.Module):
-    """concat(K_t, V_t) per token -> rank-r code -> receiver K, V, per-head weight; one gate."""
+if TYPE_CHECKING:
+    from plasticlm.refine.fuser_config import FuserConfig
 
-    def __init__(self, in_width: int, heads: int, head_dim: int, rank: int):
-        super().__init__()
-        self.heads, self.head_dim = heads, head_dim
-        width = heads * head_dim
-        self.norm = nn.RMSNorm(in_width)
-        self.down = nn.Linear(in_width, rank, bias=False)
-        self.up = nn.Linear(rank, 2 * width, bias=False)
-        self.receiver_norm = nn.RMSNorm(2 * width)
-        self.head_weight = nn.Linear(rank + 2 * width, heads)
-        self.gate = nn.Parameter(torch.zeros(()))
-        # Zero output map: an untrained fuser leaves the receiver's cache as it was.
-        nn.init.zeros_(self.up.weight)
-
-    def forward(self, t_keys: torch.Tensor, t_values: torch.Tensor,
-                r_keys: torch.Tensor | None = None, r_values: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Transmitter K/V [B, Ht, T, Dt] (un-rotated), receiver K/V [B, Hr, T, Dr] or None
-        -> weighted, gated K and V [B, Hr, T, Dr] (K un-rotated)."""
-        b, _, t, _ = t_keys.shape
-        x = torch.cat([t_keys, t_values], dim=1).permute(0, 2, 1, 3).reshape(b, t, -1)
-        code = nn.functional.gelu(self.down(self.norm(x.float())))
-        k, v = self.up(code).chunk(2, dim=-1)
-        if r_keys is None:
-            own = code.new_zeros(b, t, 2 * self.heads * self.head_dim)
-        else:
-            own = torch.cat([r_keys, r_values], dim=1).permute(0, 2, 1, 3).reshape(b, t, -1)
-            own = self.receiver_norm(own.float())
-        w = torch.sigmoid(self.head_weight(torch.cat([code, own], dim=-1)))      # [B, T, Hr]
-        scale = (torch.sigmoid(self.gate) * w).transpose(1, 2)[..., None]        # [B, Hr, T, 1]
-
-        def heads(z):
-            return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
-
-        return heads(k) * scale, heads(v) * scale
+FUSER_KINDS: Registry[type[nn.Module]] = Registry("fuser kind")
 
 
 class ResidualBlock(nn.Module):
@@ -84,8 +60,18 @@ class C2CPath(nn.Module):
         return self.out(h), torch.sigmoid(self.head_weight(h))
 
 
+@FUSER_KINDS.register("c2c")
 class C2CLayerFuser(nn.Module):
     """C2C's fuser for one receiver layer: K and V paths, each with its own layer gate."""
+
+    @classmethod
+    def from_config(cls, c: FuserConfig) -> C2CLayerFuser:
+        return cls(c.transmitter_kv_heads, c.transmitter_head_dim, c.receiver_kv_heads,
+                   c.receiver_head_dim, c.hidden, c.dropout)
+
+    def gates_on(self) -> tuple[bool, bool]:
+        """The K and V gates at inference (hard: on when the logit is positive)."""
+        return bool(self.gate_logits[0] > 0), bool(self.gate_logits[1] > 0)
 
     def __init__(self, t_heads: int, t_dim: int, heads: int, head_dim: int, hidden: int,
                  dropout: float):
@@ -128,3 +114,52 @@ class C2CLayerFuser(nn.Module):
         k = heads(k) * (gate_k * wk).transpose(1, 2)[..., None]
         v = heads(v) * (gate_v * wv).transpose(1, 2)[..., None]
         return k, v
+
+
+@FUSER_KINDS.register("lowrank")
+class LowRankLayerFuser(nn.Module):
+    """concat(K_t, V_t) per token -> rank-r code -> receiver K, V, per-head weight; one gate."""
+
+    @classmethod
+    def from_config(cls, c: FuserConfig) -> LowRankLayerFuser:
+        return cls(2 * c.transmitter_kv_heads * c.transmitter_head_dim, c.receiver_kv_heads,
+                   c.receiver_head_dim, c.rank)
+
+    def gates_on(self) -> tuple[bool, bool]:
+        """Soft gates: every layer reads its transmitter layer."""
+        return True, True
+
+    def __init__(self, in_width: int, heads: int, head_dim: int, rank: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        width = heads * head_dim
+        self.norm = nn.RMSNorm(in_width)
+        self.down = nn.Linear(in_width, rank, bias=False)
+        self.up = nn.Linear(rank, 2 * width, bias=False)
+        self.receiver_norm = nn.RMSNorm(2 * width)
+        self.head_weight = nn.Linear(rank + 2 * width, heads)
+        self.gate = nn.Parameter(torch.zeros(()))
+        # Zero output map: an untrained fuser leaves the receiver's cache as it was.
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, t_keys: torch.Tensor, t_values: torch.Tensor,
+                r_keys: torch.Tensor | None = None, r_values: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transmitter K/V [B, Ht, T, Dt] (un-rotated), receiver K/V [B, Hr, T, Dr] or None
+        -> weighted, gated K and V [B, Hr, T, Dr] (K un-rotated)."""
+        b, _, t, _ = t_keys.shape
+        x = torch.cat([t_keys, t_values], dim=1).permute(0, 2, 1, 3).reshape(b, t, -1)
+        code = nn.functional.gelu(self.down(self.norm(x.float())))
+        k, v = self.up(code).chunk(2, dim=-1)
+        if r_keys is None:
+            own = code.new_zeros(b, t, 2 * self.heads * self.head_dim)
+        else:
+            own = torch.cat([r_keys, r_values], dim=1).permute(0, 2, 1, 3).reshape(b, t, -1)
+            own = self.receiver_norm(own.float())
+        w = torch.sigmoid(self.head_weight(torch.cat([code, own], dim=-1)))      # [B, T, Hr]
+        scale = (torch.sigmoid(self.gate) * w).transpose(1, 2)[..., None]        # [B, Hr, T, 1]
+
+        def heads(z):
+            return z.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+        return heads(k) * scale, heads(v) * scale

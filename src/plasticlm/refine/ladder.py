@@ -11,18 +11,19 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from tqdm.auto import tqdm
 
-from plasticlm.config import require_positive
+from plasticlm.config import Field, configclass
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation, qa_prompt
 from plasticlm.refine.examples import Example
 from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbox_world_of
-from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.fedrefine import FedRefine
+from plasticlm.refine.modes import Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.probe import ProbeItem, probe_table
 from plasticlm.refine.train import (
@@ -35,42 +36,52 @@ from plasticlm.runs import RunDir
 
 log = logging.getLogger("plasticlm.refine")
 
-ROWS = ("probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",
-        "private", "multi", "co_c2c")
+Row = Literal["probe", "t2t", "general", "task", "task_fuse_last", "self", "draft", "oracle",
+              "private", "multi", "co_c2c"]
+ROWS = get_args(Row)
 
 
-@dataclass
+@configclass
 class TransferConfig:
     """Sizes of the transfer experiment (loadable from TOML/YAML, key=value overrides)."""
 
-    receiver: str = "sandbox:receiver"
-    specialist: str = "sandbox:specialist"
-    control: str = "sandbox:transmitter-llama"   # same shape as the specialist, no private fact
-    general_examples: int = 2000
-    fuser: FuserTrainConfig = field(default_factory=FuserTrainConfig)
-    task_epochs: int = 4
-    seeds: int = 3
-    max_eval: int = 0             # 0 = the whole test split
-    max_task: int = 0             # 0 = every correctly answered dev/val question
-    t2t_max_new_tokens: int = 8
-    draft_tokens: int = 3         # draft-only: tokens the transmitter drafts and shares
-    teach_steps: int = 500        # fact drills that make the oracle and the parties
-    teach_lr: float = 1e-3
-    teach_replay: int = 4         # blocks of the world's general corpus replayed per step
-    inversion_texts: int = 400    # public texts the inversion attacker trains on
-    # multi: one transmitter per entry, each taught a disjoint part of the entities
-    parties: tuple[str, ...] = ("sandbox:transmitter-llama", "sandbox:transmitter-qwen2",
-                                "sandbox:receiver")
-    rows: tuple[str, ...] = ROWS  # which rows run (the receiver alone always does)
-    out: str = "runs/refine-transfer"
-    progress: bool = True
+    receiver: str = Field("sandbox:receiver", description="the receiver model")
+    specialist: str = Field("sandbox:specialist", description="the transmitter that knows "
+                            "the private facts")
+    control: str = Field("sandbox:transmitter-llama", description="a transmitter of the "
+                         "specialist's shape that knows no private fact")
+    general_examples: int = Field(2000, gt=0, description="general (corpus) examples the "
+                                  "general fusers train on")
+    fuser: FuserTrainConfig = Field(default_factory=FuserTrainConfig,
+                                    description="how every fuser trains")
+    task_epochs: int = Field(4, gt=0, description="epochs of the task fusers")
+    seeds: int = Field(3, gt=0, description="fuser training seeds per row")
+    max_eval: int = Field(0, ge=0, description="test questions kept (0: the whole split)")
+    max_task: int = Field(0, ge=0, description="task examples kept (0: every dev/val "
+                          "question the transmitter answers correctly)")
+    t2t_max_new_tokens: int = Field(8, ge=0, description="t2t: tokens of each background")
+    draft_tokens: int = Field(3, ge=0, description="draft-only: tokens the transmitter "
+                              "drafts and shares")
+    teach_steps: int = Field(500, gt=0, description="fact drills that make the oracle and "
+                             "the parties")
+    teach_lr: float = Field(1e-3, gt=0, description="learning rate of the fact drills")
+    teach_replay: int = Field(4, ge=0, description="blocks of the world's general corpus "
+                              "replayed per drill step")
+    inversion_texts: int = Field(400, gt=0, description="public texts the inversion "
+                                 "attacker trains on")
+    parties: tuple[str, ...] = Field(
+        ("sandbox:transmitter-llama", "sandbox:transmitter-qwen2", "sandbox:receiver"),
+        description="multi: one transmitter per entry, each taught a disjoint part of the "
+        "entities")
+    rows: tuple[Row, ...] = Field(ROWS, description="which rows run (the receiver alone "
+                                  "always does)")
+    out: str = Field("runs/refine-transfer", description="run folder")
+    progress: bool = Field(True, description="show progress bars and log rows")
 
     def __post_init__(self):
-        require_positive(self, "general_examples", "seeds", "teach_steps", "teach_lr",
-                         "inversion_texts", "task_epochs")
-        unknown = set(self.rows) - set(ROWS)
-        if unknown:
-            raise PlasticError(f"unknown transfer rows {sorted(unknown)}; choose from {ROWS}")
+        if "draft" in self.rows and self.draft_tokens < 1:
+            raise PlasticError("the draft row needs draft_tokens >= 1 (the drafted tokens "
+                               "are what is shared)")
 
 
 def settings_key(cfg: TransferConfig) -> str:

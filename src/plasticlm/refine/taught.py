@@ -12,12 +12,13 @@ from pathlib import Path
 from plasticlm.eval import qa_continuation, qa_prompt
 from plasticlm.models import load_causal_lm
 from plasticlm.models.pretrain import evaluate_loss, pack_corpus
+from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.ladder import Ladder, TransferConfig, entity_of, score_both, score_items
 from plasticlm.refine.leakage import learned_inversion
-from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.modes import Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rule_rephrase
-from plasticlm.runtime import pick_dtype
+from plasticlm.runs import pick_dtype
 from plasticlm.sandbox import teach_facts
 from plasticlm.sandbox.pretrain import save_model_atomic
 

@@ -22,42 +22,54 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from plasticlm.config import require_positive
+from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.eval import pad_batch, pad_id_of
-from plasticlm.refine.align import align_tokens
+from plasticlm.refine.align import LayerMap, align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fuser_config import FuserKind, FusionMode, Share
 from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
 
 
-@dataclass
+@configclass
 class FuserTrainConfig:
     """Fuser shape and optimiser (AdamW, linear warm-up then cosine, grad clip as in C2C)."""
 
-    kind: str = "c2c"              # see FuserConfig.kind
-    rank: int = 32                 # lowrank
-    hidden: int = 128              # c2c
-    dropout: float = 0.1           # c2c
-    layer_map: str = "last"
-    mode: str = "aligned"
-    private: bool = False          # prefix mode: the transmitter reads rephrased prompts
-    fuse_last: bool = False        # aligned mode: see FuserConfig.fuse_last
-    draft_tokens: int = 0          # prefix mode: see FuserConfig.draft_tokens
-    share: str = "all"             # prefix mode: see FuserConfig.share
-    epochs: int = 2
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup_fraction: float = 0.1
-    grad_clip: float = 1.0
-    weight_decay: float = 0.01
-    temperature_start: float = 1.0  # c2c gates: Gumbel-sigmoid temperature schedule
-    temperature_end: float = 0.001
-    seed: int = 0
+    kind: FuserKind = Field("c2c", description="the per-layer fuser module (FUSER_KINDS)")
+    rank: int = Field(32, ge=1, description="lowrank: bottleneck width")
+    hidden: int = Field(128, ge=1, description="c2c: hidden width of the K and V paths")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="c2c: dropout in the residual "
+                           "blocks")
+    layer_map: LayerMap = Field("last", description="which transmitter layer each receiver "
+                                "layer reads (see FuserConfig.layer_map)")
+    mode: FusionMode = Field("aligned", description="fusion mode (see FuserConfig.mode)")
+    private: bool = Field(False, description="prefix mode: the transmitter reads rephrased "
+                          "prompts")
+    fuse_last: bool = Field(False, description="aligned mode: see FuserConfig.fuse_last")
+    draft_tokens: int = Field(0, ge=0, description="prefix mode: see FuserConfig.draft_tokens")
+    share: Share = Field("all", description="prefix mode: see FuserConfig.share")
+    epochs: int = Field(2, gt=0, description="passes over the training examples")
+    batch_size: int = Field(16, gt=0, description="examples per step")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate")
+    warmup_fraction: float = Field(0.1, ge=0.0, le=1.0, description="share of the steps of "
+                                   "linear warm-up before the cosine decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    temperature_start: float = Field(1.0, gt=0, description="c2c gates: Gumbel-sigmoid "
+                                     "temperature at the first step")
+    temperature_end: float = Field(0.001, gt=0, description="c2c gates: temperature at the "
+                                   "last step (geometric schedule)")
+    seed: int = Field(0, description="seed of the fuser's initialisation and batch order")
 
     def __post_init__(self):
-        require_positive(self, "epochs", "batch_size", "lr")
+        if self.private and self.mode != "prefix":
+            raise PlasticError("private training (rephrased transmitter prompts) needs "
+                               "mode=prefix")
+        if self.share == "draft" and (self.mode != "prefix" or self.draft_tokens < 1):
+            raise PlasticError("share='draft' needs mode='prefix' and draft_tokens >= 1 (the "
+                               "drafted tokens are what is shared)")
 
 
 @dataclass
@@ -186,14 +198,9 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
         raise PlasticError("no training examples for the fuser")
     if not transmitters:
         raise PlasticError("train_fusers needs at least one transmitter")
-    if cfg.private and cfg.mode != "prefix":
-        raise PlasticError("private training (rephrased transmitter prompts) needs mode=prefix")
     if len(transmitters) > 1 and cfg.mode != "aligned":
         raise PlasticError("fusers trained together are summed in parallel, which needs "
                            f"mode=aligned (got {cfg.mode!r})")
-    if cfg.epochs < 1 or cfg.batch_size < 1:
-        raise PlasticError(f"fuser training needs epochs >= 1 and batch_size >= 1; got "
-                           f"{cfg.epochs}, {cfg.batch_size}")
     torch.manual_seed(cfg.seed)
     fusers = [Fuser.for_pair(receiver.layout, t.layout, kind=cfg.kind, rank=cfg.rank,
                              hidden=cfg.hidden, dropout=cfg.dropout, layer_map=cfg.layer_map,

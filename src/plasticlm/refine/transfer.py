@@ -47,8 +47,9 @@ import logging
 import time
 
 from plasticlm.refine.examples import Example, general_examples
+from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.ladder import ROWS, Ladder, TransferConfig, entity_of
-from plasticlm.refine.modes import FedRefine, Link, RefineConfig
+from plasticlm.refine.modes import Link, RefineConfig
 from plasticlm.refine.report import probe_summary, transfer_results, transfer_table
 from plasticlm.refine.taught import (
     Facts,
@@ -92,8 +93,10 @@ def run_transfer(cfg: TransferConfig) -> dict:
     if {"task", "task_fuse_last"} & rows:
         task = lad.knows(specialist, "specialist knows")
     task_cfg = dataclasses.replace(cfg.fuser, epochs=cfg.task_epochs)
-    draft_cfg = dataclasses.replace(cfg.fuser, mode="prefix", share="draft",
-                                    draft_tokens=cfg.draft_tokens)
+    draft_cfg = None    # share="draft" needs draft_tokens >= 1: built only when the row runs
+    if "draft" in rows:
+        draft_cfg = dataclasses.replace(cfg.fuser, mode="prefix", share="draft",
+                                        draft_tokens=cfg.draft_tokens)
     plans = {
         "general": ("c2c, general fuser", general, cfg.fuser, transmitters),
         "task": ("c2c, task fuser", task, task_cfg, transmitters),
