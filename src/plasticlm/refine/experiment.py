@@ -29,7 +29,8 @@ from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report
 from plasticlm.refine.train import FuserTrainConfig, train_fuser
-from plasticlm.runs import RunDir, seed_everything
+from plasticlm.runs import RunDir
+from plasticlm.runtime import seed_everything
 from plasticlm.sandbox import sandbox_world
 
 

@@ -48,7 +48,8 @@ from plasticlm.refine.fuser_config import (
     read_fuser_config,
 )
 from plasticlm.refine.fuser_layers import FUSER_KINDS
-from plasticlm.runs import load_tensors, pick_device
+from plasticlm.runtime import pick_device
+from plasticlm.tensor_files import load_tensors
 
 
 class Fuser(nn.Module):
@@ -171,7 +172,7 @@ class Fuser(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, device=None) -> Fuser:
         """Load a fuser written by :meth:`save_pretrained`, onto ``device`` (default: the
-        run's, as models load: :func:`plasticlm.runs.pick_device`). Sizes in the config that
+        run's, as models load: :func:`plasticlm.runtime.pick_device`). Sizes in the config that
         its weights do not back are refused before anything is built."""
         folder = Path(folder)
         if not (folder / CONFIG_NAME).is_file() or not (folder / WEIGHTS_NAME).is_file():

@@ -18,7 +18,7 @@ from plasticlm.refine.leakage import learned_inversion
 from plasticlm.refine.modes import Link, RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rule_rephrase
-from plasticlm.runs import pick_dtype
+from plasticlm.runtime import pick_dtype
 from plasticlm.sandbox import teach_facts
 from plasticlm.sandbox.pretrain import save_model_atomic
 
