@@ -1,5 +1,6 @@
 """Metrics: multiple choice, SQuAD EM/F1, NIAH, streaming CE, perplexity; the QA prompt
-template (:mod:`plasticlm.eval.prompts`); intervals (:mod:`plasticlm.eval.stats`) and control
+template (:mod:`plasticlm.eval.prompts`); intervals (:mod:`plasticlm.eval.stats`, the
+:class:`CI` and its rendering in :mod:`plasticlm.eval.ci`) and control
 measures (:mod:`plasticlm.eval.controls`).
 
 Functions take plain fields (question, choices, answer) so they do not depend on
@@ -7,6 +8,7 @@ Functions take plain fields (question, choices, answer) so they do not depend on
 matching attributes.
 """
 
+from plasticlm.eval.ci import CI, format_ci, format_paired, format_summary, verdict
 from plasticlm.eval.controls import (
     ClosedSetResult,
     SwappedItem,
@@ -45,18 +47,13 @@ from plasticlm.eval.squad import (
     squad_score,
 )
 from plasticlm.eval.stats import (
-    CI,
     bootstrap_ci,
-    format_ci,
-    format_paired,
-    format_summary,
     paired_intervals,
     paired_seed_ci,
     paired_summary,
     pooled_bootstrap_ci,
     seed_ci,
     t_critical,
-    verdict,
 )
 from plasticlm.eval.streaming import (
     StreamingCE,
