@@ -78,7 +78,8 @@ def _haystack_docs(path: str | None):
 
 
 def _niah(args) -> int:
-    from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences, write_niah
+    from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
+    from plasticlm.data.niah_files import write_niah
     from plasticlm.errors import PlasticError
 
     if args.task not in TASKS:

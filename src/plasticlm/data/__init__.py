@@ -12,11 +12,10 @@ from plasticlm.data.niah import (
     NIAHSample,
     generate_niah,
     haystack_sentences,
-    load_niah,
     make_sample,
     score,
-    write_niah,
 )
+from plasticlm.data.niah_files import load_niah, write_niah
 from plasticlm.data.partition import (
     CLIENT_DOMAINS,
     MMLU_CLIENT_DOMAIN,
