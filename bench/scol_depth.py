@@ -114,7 +114,7 @@ def main() -> None:
     import torch
 
     from plasticlm.eval import bootstrap_ci, format_ci
-    from plasticlm.eval.stats import CI
+    from plasticlm.eval.ci import CI
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
