@@ -1,10 +1,12 @@
 """Memory-augmented attention on tiny Llama / Qwen2 / Qwen3: equivalences, theta, save/load."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
+from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.memory import (
     MemoryConfig,
@@ -70,8 +72,8 @@ def test_mix_and_norm_options(mix, norm):
         # after the first tokens, whose near-empty reads are dominated by the epsilon
         rms = attn.memory_norm(reads[0][:, :, 4:].float()).pow(2).mean(-1).sqrt()
         torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-3, rtol=1e-3)
-    with pytest.raises(PlasticError, match="mix must be"):
-        MemoryConfig(mix="sum")
+    with pytest.raises(PlasticError, match="config mix: input should be 'convex' or 'additive'"):
+        from_dict(MemoryConfig, {"mix": "sum"})
 
 
 def _open_memory(seed=0, **options):
@@ -137,8 +139,8 @@ def test_shared_lora_changes_the_attention_memory_lora_does_not():
             outs[scope] = model(x).logits
     torch.testing.assert_close(outs["memory"], windowed, atol=1e-5, rtol=1e-5)
     assert (outs["shared"] - windowed).abs().max() > 1e-3
-    with pytest.raises(PlasticError, match="lora_scope must be"):
-        MemoryConfig(lora_scope="everywhere")
+    with pytest.raises(PlasticError, match="lora_scope: input should be 'memory' or 'shared'"):
+        attach_memory(tiny("qwen3"), layers=[1], lora_scope="everywhere")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -208,6 +210,18 @@ def test_save_and_load_round_trip(tmp_path):
         torch.testing.assert_close(loaded(x).logits, expected)
     with pytest.raises(PlasticError, match="built for 'qwen3'"):
         from_pretrained(tiny("llama"), tmp_path / "adapter")
+    # an adapter saved before memory_norm, gate, decay and lora_scope existed loads as before
+    path = tmp_path / "adapter" / "memory_config.json"
+    old = {k: v for k, v in json.loads(path.read_text()).items()
+           if k not in ("memory_norm", "gate", "decay", "decay_init", "lora_scope")}
+    path.write_text(json.dumps(old))
+    again = from_pretrained(tiny("qwen3"), tmp_path / "adapter")
+    assert again.memory_config == model.memory_config and again.memory_config.layers == (0, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x).logits, expected)
+    path.write_text(json.dumps({**old, "mix": "convx"}))
+    with pytest.raises(PlasticError, match="mix: input should be 'convex' or 'additive'"):
+        from_pretrained(tiny("qwen3"), tmp_path / "adapter")
 
 
 def test_detach_restores_base_and_errors_are_clear():
@@ -267,7 +281,7 @@ def test_padding_mask_is_respected(conv):
 
 def test_config_dataclass_defaults():
     cfg = MemoryConfig()
-    assert cfg.gate_init <= -12 and cfg.conv_size == 0 and cfg.layers == []
+    assert cfg.gate_init <= -12 and cfg.conv_size == 0 and cfg.layers == ()
 
 
 def test_mqar_batch_follows_the_protocol():

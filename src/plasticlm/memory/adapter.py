@@ -69,10 +69,12 @@ def attach_memory(
         unknown = set(options) - fields
         if unknown:
             raise PlasticError(f"unknown memory option(s) {sorted(unknown)}; known: {sorted(fields)}")
-        config = MemoryConfig(layers=sorted(int(i) for i in layers), window=window, rank=rank, **options)
+        config = from_dict(MemoryConfig, {"layers": sorted(int(i) for i in layers),
+                                          "window": window, "rank": rank, **options})
     if config.model_type and config.model_type != model.config.model_type:
         raise PlasticError(f"memory was built for {config.model_type!r}; this model is {model.config.model_type!r}")
-    config = dataclasses.replace(config, layers=sorted(set(config.layers)), model_type=model.config.model_type)
+    config = dataclasses.replace(config, layers=tuple(sorted(set(config.layers))),
+                                 model_type=model.config.model_type)
     bad = [i for i in config.layers if not 0 <= i < n]
     if bad:
         raise PlasticError(f"memory layers {bad[:8]}{' ...' if len(bad) > 8 else ''} do not "

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.memory.fla_bridge import HALF_DTYPES
 from plasticlm.memory.masks import padded_window_mask, window_attention_mask, window_mask
@@ -43,45 +45,40 @@ from plasticlm.memory.parts import LoRA, ShortConv
 __all__ = ["LayerStreamState", "LoRA", "MemoryAttention", "MemoryConfig", "ShortConv",
            "window_attention_mask"]
 
+Mix = Literal["convex", "additive"]
+Gate = Literal["head", "input"]
+LoraScope = Literal["memory", "shared"]
 
-@dataclass
+
+@configclass
 class MemoryConfig:
     """What :func:`plasticlm.memory.attach_memory` builds; saved next to theta as JSON."""
 
-    layers: list[int] = field(default_factory=list)  # layers that get a memory branch
-    window: int = 256             # softmax attention window (tokens, including the query)
-    rank: int = 8                 # LoRA rank of the memory's q/k/v
-    lora_alpha: float = 16.0      # LoRA scale = lora_alpha / rank
-    conv_size: int = 0            # short causal depthwise convolution on q/k/v; 0 = none
-    gate_init: float = -16.0      # initial gate logit; alpha = sigmoid(gate_init)
-    chunk_size: int = 64          # delta-rule chunk for sequences longer than it
-    # False removes the recurrence (a control): each token writes into an empty state and
-    # reads it back, o_t = beta_t (k_t . q_t) v_t, so nothing is remembered across tokens.
-    recurrent: bool = True
-    # How the memory joins the attention, per head: "convex" attn + alpha (mem - attn), or
-    # "additive" attn + alpha * mem (the attention is never scaled down).
-    mix: str = "convex"
-    # RMS-normalise each head's memory read (learned per-channel scale, part of theta), so
-    # its size does not depend on how much the state has accumulated.
-    memory_norm: bool = False
-    # "head": one gate logit per head; "input": alpha_t,h = sigmoid(w_h . x_t + gate_logit_h)
-    gate: str = "head"
-    # Gated delta rule: the state decays by exp(g_t) before each write (Gated DeltaNet).
-    decay: bool = False
-    decay_init: float = 4.6       # decay bias: exp(g) = sigmoid(4.6) = 0.99 at attach time
-    # "memory": LoRA on the memory's q/k/v only; "shared": on the q/k/v both branches read
-    lora_scope: str = "memory"
-    model_type: str = ""          # architecture it was attached to (checked on load)
-
-    def __post_init__(self):
-        for name, allowed in (("mix", ("convex", "additive")), ("gate", ("head", "input")),
-                              ("lora_scope", ("memory", "shared"))):
-            if getattr(self, name) not in allowed:
-                raise PlasticError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
-        if min(self.window, self.rank, self.chunk_size) < 1 or self.conv_size < 0:
-            raise PlasticError(f"memory window, rank and chunk_size must be >= 1 and conv_size "
-                               f">= 0; got window={self.window}, rank={self.rank}, chunk_size="
-                               f"{self.chunk_size}, conv_size={self.conv_size}")
+    layers: tuple[int, ...] = Field((), description="layers that get a memory branch")
+    window: int = Field(256, gt=0, description="softmax attention window (tokens, including "
+                        "the query)")
+    rank: int = Field(8, gt=0, description="LoRA rank of the memory's q/k/v")
+    lora_alpha: float = Field(16.0, description="LoRA scale = lora_alpha / rank")
+    conv_size: int = Field(0, ge=0, description="short causal depthwise convolution on q/k/v; "
+                           "0 = none")
+    gate_init: float = Field(-16.0, description="initial gate logit; alpha = sigmoid(gate_init)")
+    chunk_size: int = Field(64, gt=0, description="delta-rule chunk for sequences longer than it")
+    # False: each token writes into an empty state and reads it back, o_t = beta_t (k_t . q_t)
+    # v_t, so nothing is remembered across tokens.
+    recurrent: bool = Field(True, description="false removes the recurrence (a control)")
+    mix: Mix = Field("convex", description="per head: convex attn + alpha (mem - attn), or "
+                     "additive attn + alpha * mem (the attention never scaled down)")
+    memory_norm: bool = Field(False, description="RMS-normalise each head's memory read "
+                              "(learned per-channel scale, part of theta)")
+    gate: Gate = Field("head", description="head: one gate logit per head; input: "
+                       "alpha_t,h = sigmoid(w_h . x_t + gate_logit_h)")
+    decay: bool = Field(False, description="gated delta rule: the state decays by exp(g_t) "
+                        "before each write (Gated DeltaNet)")
+    decay_init: float = Field(4.6, description="decay bias: exp(g) = sigmoid(4.6) = 0.99 at "
+                              "attach time")
+    lora_scope: LoraScope = Field("memory", description="memory: LoRA on the memory's q/k/v "
+                                  "only; shared: on the q/k/v both branches read")
+    model_type: str = Field("", description="architecture it was attached to (checked on load)")
 
 
 @dataclass
