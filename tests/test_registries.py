@@ -1,0 +1,174 @@
+"""Every registry walked: each member runs once and does what its extension point promises,
+and every class written as a member is registered. One section per method."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from plasticlm.config import from_dict, load_config
+from plasticlm.errors import PlasticError
+
+# ---------------------------------------------------------------------------------------------
+# FedRefine: modes (MODES), fuser kinds (FUSER_KINDS), cache quantisations (QUANTS)
+# ---------------------------------------------------------------------------------------------
+
+REFINE_TEXTS = ["Q: Which organ does Kalomira act on? A: liver.",
+                "Q: Which company makes Zutorex? A: Orvane Labs.",
+                "Doctors prescribe Kalomira for asthma. The main target of Zutorex is the heart."] * 4
+REFINE_PROMPT = "Q: Which organ does Kalomira act on? A:"
+REFINE_CHOICES = ["liver", "heart", "lung"]
+
+
+def _subclasses(cls: type) -> set[type]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | _subclasses(sub)
+    return out
+
+
+def _open(fuser, seed: int = 0):
+    """Random weights and open gates: an untrained fuser leaves the receiver's cache as it
+    is, so give it something to say."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in fuser.named_parameters():
+            if "gate" in name:
+                p.fill_(2.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return fuser.eval()
+
+
+@pytest.fixture(scope="module")
+def refine_peers():
+    """The refine tests' tiny pair: a Qwen3 receiver and a Llama transmitter of other depth,
+    heads, head dim and vocabulary."""
+    from plasticlm.models import build_tiny, train_bpe_tokenizer
+    from plasticlm.refine import Peer
+
+    rt = train_bpe_tokenizer(REFINE_TEXTS, vocab_size=300)
+    tt = train_bpe_tokenizer(REFINE_TEXTS[:6], vocab_size=280)
+    r = build_tiny("qwen3", seed=0, vocab_size=len(rt), hidden_size=32, num_layers=3,
+                   num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64)
+    t = build_tiny("llama", seed=1, vocab_size=len(tt), hidden_size=48, num_layers=4,
+                   num_heads=4, num_kv_heads=2, head_dim=12, intermediate_size=64)
+    return Peer("r", r, rt), Peer("t", t, tt)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_refine_every_mode_scores_the_choices_and_answers(refine_peers):
+    from plasticlm.refine import MODES, FedRefine, Fuser, Link, RefineConfig
+    from plasticlm.refine.modes import Mode
+
+    assert _subclasses(Mode) == {m for _, m in MODES.items()}, "a Mode class is unregistered"
+    r, t = refine_peers
+    links = [Link(t, _open(Fuser.for_pair(r.layout, t.layout, hidden=8), 1)),
+             Link(t, _open(Fuser.for_pair(r.layout, t.layout, kind="lowrank", rank=4), 2))]
+    fr = FedRefine(r, links, RefineConfig(t2t_max_new_tokens=2),
+                   reverse_fuser=_open(Fuser.for_pair(t.layout, r.layout, hidden=8), 3))
+    alone = FedRefine(r).score(REFINE_PROMPT, REFINE_CHOICES, "alone").scores
+    for name, mode in MODES.items():
+        s = fr.score(REFINE_PROMPT, REFINE_CHOICES, name)
+        assert len(s.scores) == len(REFINE_CHOICES), name
+        assert all(math.isfinite(x) and x < 0 for x in s.scores), name
+        assert s.scores[s.choice] == max(s.scores) and 0 < s.ttft <= s.latency, name
+        # a mode that uses transmitters sends bytes and changes what the receiver thinks
+        assert (s.wire_bytes > 0) == mode.uses_links, name
+        assert (s.scores != alone) == mode.uses_links, name
+        assert fr.links_for(name) == (mode.links(links, None) if mode.uses_links else [])
+        a = fr.ask(REFINE_PROMPT, name, max_new_tokens=2)
+        assert isinstance(a.text, str) and a.wire_bytes == s.wire_bytes, name
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_refine_every_fuser_kind_maps_a_cache_to_the_receivers_shape(refine_peers, tmp_path):
+    from plasticlm.refine import FUSER_KINDS, Fuser, extract_cache, fuser_layers
+
+    written = {c for c in vars(fuser_layers).values()
+               if isinstance(c, type) and issubclass(c, nn.Module) and hasattr(c, "from_config")}
+    assert written == {k for _, k in FUSER_KINDS.items()}, "a fuser kind is unregistered"
+    r, t = refine_peers
+    g = torch.Generator().manual_seed(0)
+    own, _ = extract_cache(r.model, torch.randint(4, 200, (2, 6), generator=g))
+    sent, _ = extract_cache(t.model, torch.randint(4, 200, (2, 9), generator=g))
+    index = torch.randint(0, 9, (2, 6), generator=g)
+    for kind in FUSER_KINDS:
+        fresh = Fuser.for_pair(r.layout, t.layout, kind=kind, rank=4, hidden=8).eval()
+        assert len(fresh.layers) == r.layout.num_layers
+        for a, b in zip(fresh.fuse_aligned(own, sent, index).keys, own.keys):
+            torch.testing.assert_close(a, b)      # zero output maps: the receiver unchanged
+        fuser = _open(fresh)
+        fused = fuser.fuse_aligned(own, sent, index)
+        assert [k.shape for k in fused.keys] == [k.shape for k in own.keys], kind
+        assert [v.shape for v in fused.values] == [v.shape for v in own.values], kind
+        assert any(not torch.equal(a, b) for a, b in zip(fused.keys, own.keys)), kind
+        pre = fuser.prefix(sent, r.layout, start=1)
+        assert pre.keys[0].shape == (2, r.layout.num_kv_heads, 8, r.layout.head_dim), kind
+        gates = fuser.gates_on()
+        assert set(gates) == {"keys", "values"}
+        assert all(0 <= i < r.layout.num_layers for i in gates["keys"] + gates["values"])
+        back = Fuser.from_pretrained(fuser.save_pretrained(tmp_path / kind), device="cpu")
+        assert back.config == fuser.config
+        for a, b in zip(back.fuse_aligned(own, sent, index).keys, fused.keys):
+            torch.testing.assert_close(a, b)
+
+
+def _transmission(layers=3, heads=2, tokens=5, dim=8, seed=0):
+    from plasticlm.refine.cache import KVCache, KVLayout
+    from plasticlm.refine.peer import Transmission, text_digest
+
+    g = torch.Generator().manual_seed(seed)
+    layout = KVLayout("llama", layers, heads, dim, torch.rand(dim // 2, generator=g))
+    keys = [torch.randn(1, heads, tokens, dim, generator=g) * 3 for _ in range(layers)]
+    values = [torch.randn(1, heads, tokens, dim, generator=g) for _ in range(layers)]
+    cache = KVCache(layout, keys, values, torch.randint(0, 500, (1, tokens), generator=g),
+                    torch.arange(tokens)[None], torch.ones(1, tokens, dtype=torch.long), "t")
+    return Transmission(cache, list(range(1, tokens + 1)), tokens, list(range(layers)),
+                        text_digest("a prompt"))
+
+
+def test_refine_every_quantisation_round_trips_within_its_tolerance():
+    """Error per element at most half a step of the stored type: relative (eps/2) for floats,
+    plus half a scale step for scaled kinds (keys scaled per channel, values per token; the
+    bf16 scale rounded up by < 2^-6), plus half the smallest subnormal step."""
+    from plasticlm.refine.codec import decode_bundle, encode_bundle
+    from plasticlm.refine.quant import QUANTS, Quant
+
+    concrete = {c for c in _subclasses(Quant) if "stored" in vars(c)}
+    assert concrete == {q for _, q in QUANTS.items()}, "a quantisation is unregistered"
+    tr = _transmission()
+    full = len(encode_bundle([tr], quant="float32"))
+    for name, q in QUANTS.items():
+        payload = encode_bundle([tr], quant=name)
+        assert len(payload) <= full, name
+        _, (back,) = decode_bundle(payload)
+        floating = q.stored.is_floating_point
+        info = torch.finfo(q.stored) if floating else None
+        for kind, per in (("keys", 2), ("values", 3)):
+            for a, b in zip(getattr(tr.cache, kind), getattr(back.cache, kind)):
+                step = a.abs().amax(dim=per, keepdim=True) / q.top * (1 + 2**-6) \
+                    if q.scaled else torch.ones(())
+                bound = (info.eps / 2 * a.abs() + step * info.smallest_normal * info.eps / 2
+                         if floating else 0.5 * step)
+                assert ((a - b).abs() <= bound * (1 + 1e-5)).all(), (name, kind)
+                if name == "float32":
+                    assert torch.equal(a, b)
+
+
+def test_refine_registry_typos_are_refused_with_the_choices(capsys):
+    from plasticlm.cli import main
+    from plasticlm.refine import FUSER_KINDS, MODES, QUANTS
+    from plasticlm.refine.serving import ServiceConfig
+    from plasticlm.refine.train import FuserTrainConfig
+
+    with pytest.raises(PlasticError, match=f"config kind: unknown fuser kind 'c2d'; choose one "
+                       f"of {', '.join(FUSER_KINDS)}"):
+        load_config(FuserTrainConfig, None, ["kind=c2d"])
+    with pytest.raises(PlasticError, match=f"config quant: unknown cache quantisation 'int4'; "
+                       f"choose one of {', '.join(QUANTS)}"):
+        from_dict(ServiceConfig, {"quant": "int4"})
+    assert main(["refine", "ask", "hi", "--receiver", "nowhere", "--mode", "c2x"]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown FedRefine mode 'c2x'; choose one of {', '.join(MODES)}" in err
