@@ -227,7 +227,8 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
         raise TypeError(f"{cls!r} is not a configclass")
     out = []
     for name, info in cls.__pydantic_fields__.items():
-        default = info.default_factory() if info.default_factory is not None else info.default
+        default = info.default_factory() if info.default_factory is not None else \
+            None if info.is_required() else info.default
         if is_config(info.annotation):
             out += field_docs(info.annotation, f"{prefix}{name}.")
             continue
