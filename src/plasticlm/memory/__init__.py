@@ -16,7 +16,8 @@ from plasticlm.memory.adapter import (
     save_pretrained,
     theta_bytes,
 )
-from plasticlm.memory.layer import MemoryAttention, MemoryConfig
+from plasticlm.memory.config import MemoryConfig
+from plasticlm.memory.layer import MemoryAttention
 from plasticlm.memory.masks import window_attention_mask
 from plasticlm.memory.ops import delta_rule, delta_rule_chunkwise, delta_rule_recurrent
 from plasticlm.memory.stream import MemoryStream

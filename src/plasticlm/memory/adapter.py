@@ -18,7 +18,8 @@ from torch import nn
 from plasticlm.config import from_dict
 from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
-from plasticlm.memory.layer import MemoryAttention, MemoryConfig
+from plasticlm.memory.config import MemoryConfig
+from plasticlm.memory.layer import MemoryAttention
 from plasticlm.tensor_files import load_tensors
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
