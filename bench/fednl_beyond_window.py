@@ -2,6 +2,7 @@
 
     python bench/fednl_beyond_window.py --task openbook|niah [--preset sandbox] [--window 16]
         [--steps 80] [--seeds 3]
+    python bench/fednl_beyond_window.py --smoke   # the quick sandbox, 2 steps, 4 test items
 
 ``openbook``: the frozen sandbox receiver reads an unseen entity's passage, 40-80 words of
 neutral filler, then a question about the passage (the world's open-book items,
@@ -36,6 +37,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,11 +122,11 @@ def train(model, tok, items, steps: int, batch: int, seed: int) -> list[float]:
     import torch
 
     from plasticlm.eval import encode_pair, qa_continuation
-    from plasticlm.fednl.methods import MethodConfig
     from plasticlm.fednl.objective import answer_loss, param_groups
+    from plasticlm.fednl.sections import TrainConfig
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(param_groups(params, MethodConfig().gate_lr), lr=MethodConfig.lr,
+    opt = torch.optim.AdamW(param_groups(params, TrainConfig().gate_lr), lr=TrainConfig().lr,
                             weight_decay=0.0)
     pairs = [encode_pair(tok, it.prompt, qa_continuation(it.choices[it.answer])) for it in items]
     rng, losses = random.Random(seed), []
@@ -166,7 +168,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="default bench/results/"
                     "fednl_beyond_window_<task>.json")
+    ap.add_argument("--smoke", action="store_true", help="the quick sandbox preset, 1 seed, "
+                    "2 steps of 2, 4 test items, written to a temp folder (a quick check)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.preset, args.steps, args.batch, args.seeds, args.max_test = "quick", 2, 2, 1, 4
+        args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+                       / f"fednl_beyond_window_{args.task}.json")
     suffix = "_ablation" if args.ablation else ""
     args.out = args.out or str(RESULTS / f"fednl_beyond_window_{args.task}{suffix}.json")
     variants = ("window + LoRA", *ABLATION) if args.ablation else VARIANTS

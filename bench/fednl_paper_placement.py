@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM
 from plasticlm.config import load_config
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.messages import pack_theta
-from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.methods import prepare_model
+from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.theta import trainable
 from plasticlm.models.shapes import shape_config
 
@@ -32,12 +33,13 @@ PRESET = ROOT / "configs" / "fednl-paper-qwen2.5-1.5b.toml"
 PAPER_MB = {"fednl": 0.26, "fedavg": 22.5}
 
 
-def wire_bytes(shape: str, method: MethodConfig, dtype: str) -> int:
-    """Bytes of the ArrayRecord one client sends for ``method``'s theta at ``shape``."""
+def wire_bytes(shape: str, method: MethodConfig, memory: MemoryOptions, dtype: str) -> int:
+    """Bytes of the ArrayRecord one client sends for ``method``'s theta (with ``memory``,
+    fednl's memory branch) at ``shape``."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             shape_config(shape, bos_token_id=1, eos_token_id=2, pad_token_id=0))
-    model = prepare_model(model, method)
+    model = prepare_model(model, method, memory)
     theta = {n: torch.zeros(p.shape) for n, p in trainable(model).items()}
     return pack_theta(theta, dtype).count_bytes()
 
@@ -50,22 +52,24 @@ def main() -> None:
     cfg = load_config(FedNLConfig, PRESET)
     shape = "qwen2.5-0.5b" if args.smoke else "qwen2.5-1.5b"
     if args.smoke:  # the 0.5B shape has 24 layers: its last is 23
-        cfg = dataclasses.replace(cfg, method=dataclasses.replace(cfg.method, memory_layers="23"))
+        cfg = dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, layers="23"))
     r = cfg.method.lora_rank
     rows = {
-        f"fednl, preset (memory on layer {cfg.method.memory_layers}, r{r}, no conv)": cfg.method,
+        f"fednl, preset (memory on layer {cfg.memory.layers}, r{r}, no conv)":
+            (cfg.method, cfg.memory),
         f"fednl, memory on every layer (r{r}, conv 4)":
-            dataclasses.replace(cfg.method, memory_layers="all", memory_conv=4),
+            (cfg.method, dataclasses.replace(cfg.memory, layers="all", conv=4)),
         f"fedavg LoRA r{r} on q/k/v of every layer (same rank)":
-            MethodConfig(name="fedavg", lora_rank=r, window=cfg.method.window),
+            (MethodConfig(name="fedavg", lora_rank=r, window=cfg.method.window),
+             MemoryOptions()),
     }
     result = {"shape": shape, "preset": str(PRESET.relative_to(ROOT)), "paper_mb": PAPER_MB,
               "rows": {}}
     preset_bytes = None
     lines = [f"| theta at {shape} | MB up per client, float32 | float16 | vs the preset |",
              "|---|---|---|---|"]
-    for label, method in rows.items():
-        b32, b16 = wire_bytes(shape, method, "float32"), wire_bytes(shape, method, "float16")
+    for label, (method, memory) in rows.items():
+        b32, b16 = (wire_bytes(shape, method, memory, dtype) for dtype in ("float32", "float16"))
         preset_bytes = preset_bytes or b32
         result["rows"][label] = {"float32": b32, "float16": b16}
         lines.append(f"| {label} | {b32 / 1e6:.3f} | {b16 / 1e6:.3f} | {b32 / preset_bytes:.1f}x |")

@@ -2,7 +2,7 @@
 
     python bench/fednl_realshape_memory.py --dtype float32
     python bench/fednl_realshape_memory.py --dtype bfloat16
-    python bench/fednl_realshape_memory.py --smoke          # the 2-layer cut, seconds
+    python bench/fednl_realshape_memory.py --smoke          # the 1-layer cut, 4 items, 1 step
     PYTHONPATH=/tmp/base/src python bench/fednl_realshape_memory.py --label before ...
 
 Runs ``plasticlm fednl run --quick`` with the model ``shape:qwen2.5-0.5b`` (random weights,
@@ -10,7 +10,10 @@ Runs ``plasticlm fednl run --quick`` with the model ``shape:qwen2.5-0.5b`` (rand
 samples, every ``--interval`` seconds, the resident memory of that process and all of its
 descendants (the SuperLink, the server, Ray and the simulated clients): the sum of RSS (shared
 pages counted once per process) and the sum of PSS (shared pages split between their users).
-Appends one record per run to bench/results/fednl_realshape_memory.json.
+Appends one record per run to bench/results/fednl_realshape_memory.json; ``--smoke`` (the
+shape cut to 1 layer, 4 training and 2 test items per client, 1 local step: Flower's start
+dominates, about a minute on 2 busy cores) prints its record, writes nothing and exits with
+the run's status.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,18 +66,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--model", default="shape:qwen2.5-0.5b")
-    ap.add_argument("--smoke", action="store_true", help="the 2-layer cut (a quick check)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the 1-layer cut, tiny data, 1 local step; prints, writes nothing")
     ap.add_argument("--label", default="", help="recorded with the result (e.g. before/after)")
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra FedNLConfig overrides")
     args = ap.parse_args()
-    model = "shape:qwen2.5-0.5b@2" if args.smoke else args.model
+    model = "shape:qwen2.5-0.5b@1" if args.smoke else args.model
+    smoke = ["data.max_train=4", "data.max_test=2", "train.local_steps=1", "train.batch_size=2",
+             "eval.local_eval=last"] if args.smoke else []
 
     runs = tempfile.mkdtemp(prefix="fednl-realshape-")
-    overrides = [f"model={model}", "split=dirichlet", "num_clients=2", "rounds=1",
-                 "name=realshape-memory", f"out={runs}", *args.set]
+    overrides = [f"model={model}", "data.split=dirichlet", "data.num_clients=2",
+                 "train.rounds=1", "name=realshape-memory", f"outputs.out={runs}", *smoke,
+                 *args.set]
     cmd = [sys.executable, "-m", "plasticlm.cli", "fednl", "run", "--quick", "--device", "cpu",
            "--dtype", args.dtype] + [a for o in overrides for a in ("--set", o)]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -98,6 +106,9 @@ def main() -> None:
     if proc.returncode != 0:
         record["output_tail"] = output[-2000:]
     print(json.dumps({k: v for k, v in record.items() if k != "summary"}, indent=1))
+    if args.smoke:
+        shutil.rmtree(runs, ignore_errors=True)
+        sys.exit(proc.returncode)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = json.loads(out.read_text()) if out.exists() else []

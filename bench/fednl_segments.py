@@ -3,6 +3,7 @@ segments with the state carried across them, stop its cross-entropy from climbin
 long stream?
 
     python bench/fednl_segments.py [--steps 80] [--seeds 3] [--long 640] [--segment 160]
+    python bench/fednl_segments.py --smoke   # the quick sandbox, tiny sizes; writes nothing
 
 The FedNL theta (memory in every layer of the frozen v2 receiver, window 16) is trained
 centrally on the seven NIAH-7 clients' samples pooled (the mechanism FedNL federates), at
@@ -30,6 +31,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,8 +49,20 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", type=int, default=160, help="tokens per segment")
     ap.add_argument("--train-per-client", type=int, default=96)
     ap.add_argument("--out", default=str(RESULTS / "fednl_segments.json"))
+    ap.add_argument("--smoke", action="store_true", help="the quick sandbox at tiny sizes "
+                    "(1 seed, 2 steps, 4 samples per client), written to a temp folder")
     args = ap.parse_args(argv)
+    # the sandbox world and receiver; the short samples' length; test samples per client
+    # and the stream CE's bucket
+    data, model_spec, short, max_test, bucket = "sandbox", "sandbox:receiver", 160, 48, 256
+    if args.smoke:  # the quick world's tokenizer is short: its NIAH-7 samples need 400 tokens
+        data, model_spec, short, max_test, bucket = ("sandbox-quick", "sandbox-quick:receiver",
+                                                     400, 2, 64)
+        args.steps, args.batch, args.seeds, args.long, args.segment = 2, 2, 1, 800, 400
+        args.train_per_client = 4
+        args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "fednl_segments.json")
 
+    from plasticlm.config import override
     from plasticlm.eval import format_ci, pooled_bootstrap_ci, seed_ci
     from plasticlm.fednl.local import local_update
     from plasticlm.fednl.setup import build_model, tasks_for
@@ -61,34 +75,39 @@ def main(argv=None) -> int:
     from plasticlm.sandbox.tasks import load_client_streams
 
     set_threads()
-    cfg = ExperimentConfig(experiment="niah", max_train=args.train_per_client, max_test=48)
+    cfg = ExperimentConfig(experiment="niah")
+    cfg = ExperimentConfig(experiment="niah", bucket_tokens=bucket, run=override(cfg.run, {
+        "model": model_spec, "data.source": data, "data.max_train": args.train_per_client,
+        "data.max_test": max_test, "data.niah_length": short}))
+    window = cfg.run.method.window
     rows = {"window, untrained (control)": None,
-            "short, one forward": (cfg.niah_length, 0),
+            "short, one forward": (cfg.run.data.niah_length, 0),
             "long, segments": (args.long, args.segment)}
-    streams = load_client_streams(resolve_data_spec(cfg.data) / "client_streams.jsonl")
+    streams = load_client_streams(resolve_data_spec(data) / "client_streams.jsonl")
     out = {"config": vars(args), "rows": {}}
     t0 = time.time()
     for label, how in rows.items():
         ce_last, niah = [], []
         for seed in range(args.seeds if how else 1):
-            v = Variant("fednl", "fednl", cfg.window) if how else \
-                Variant("untrained", "fedavg", cfg.window, trained=False)
+            v = Variant("fednl", (("method.name", "fednl"),)) if how else \
+                Variant("untrained", (("method.name", "fedavg"),), trained=False)
             test_cfg = federated_config(cfg, v, seed, Path("/nonexistent"))
             model, tok = build_model(test_cfg)
             tests = tasks_for(test_cfg)
             losses = []
             if how:
                 length, segment = how
-                train_cfg = dataclasses.replace(test_cfg, niah_length=length)
+                train_cfg = override(test_cfg, {"data.niah_length": length})
                 pooled = NIAHTask("pooled", "pooled",
                                   [s for t in tasks_for(train_cfg) for s in t.train], [])
-                method = dataclasses.replace(test_cfg.method, local_steps=args.steps,
-                                             batch_size=args.batch, segment_tokens=segment)
-                theta, metrics = local_update(model, tok, pooled, get_theta(model), {}, method,
-                                              seed)
+                local_cfg = override(test_cfg, {"train.local_steps": args.steps,
+                                                "train.batch_size": args.batch,
+                                                "train.segment_tokens": segment})
+                theta, metrics = local_update(model, tok, pooled, get_theta(model), {},
+                                              local_cfg, seed)
                 set_theta(model, theta)
                 losses = [metrics["train_loss_first"], metrics["train_loss_last"]]
-            curves = [stream_ce(model, tok, segs, cfg.bucket_tokens, cfg.window)
+            curves = [stream_ce(model, tok, segs, cfg.bucket_tokens, window)
                       for segs in streams.values()]
             k = min(len(c) for c in curves)
             ce_last.append(sum(c[k - 1] / c[0] for c in curves) / len(curves))
@@ -110,6 +129,7 @@ def main(argv=None) -> int:
     out["seconds"] = round(time.time() - t0)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(out["table"])
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -5,7 +5,9 @@ one step at the full Qwen2.5-0.5B shape (random weights; bf16 and fp32) beside i
 Run through ``bench/gpu_check.sh`` (it sets the import path); CI never runs it. Prints one
 table and, with ``--out FILE``, writes the same as JSON. Needs no download: the models are built
 from the published config, with the quick sandbox's tokenizer and world (trained on first use,
-or found in ``$PLASTICLM_HOME``).
+or found in ``$PLASTICLM_HOME``). ``--smoke``: the same parts at tiny sizes (T = 256, 256
+scored positions, the shape cut to 1 layer, batch 2), exit 1 if a part failed; without a CUDA
+device it prints that it skipped and exits 0 (nothing here runs on a CPU).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -37,11 +40,11 @@ def measured(fn: Callable[[], object]) -> tuple[object, float, float]:
     return out, time.perf_counter() - t0, torch.cuda.max_memory_allocated() / 2**30
 
 
-def delta_rule_rows(dtype=torch.bfloat16) -> list[dict]:
+def delta_rule_rows(dtype=torch.bfloat16, lengths=(2048, 8192)) -> list[dict]:
     """fla's chunk_delta_rule against the torch chunkwise op (in float32, the reference)."""
     rows = []
     kernel = fla_chunk_delta_rule()
-    for t in (2048, 8192):
+    for t in lengths:
         gen = torch.Generator(device="cuda").manual_seed(0)
         b, h, d = 2, 14, 64
         q, k, v = (torch.randn(b, h, t, d, device="cuda", generator=gen) for _ in range(3))
@@ -63,10 +66,10 @@ def delta_rule_rows(dtype=torch.bfloat16) -> list[dict]:
     return rows
 
 
-def fused_ce_rows() -> list[dict]:
+def fused_ce_rows(positions: int = 4096) -> list[dict]:
     """The fused linear cross-entropy (liger-kernel or Cut Cross-Entropy, when installed)
     against the chunked torch path, the reference: loss and gradient at Qwen2.5's logits
-    width, 4,096 scored positions."""
+    width, ``positions`` scored positions."""
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -74,8 +77,8 @@ def fused_ce_rows() -> list[dict]:
         model = torch.nn.Module()
         model.lm_head, model.config = head, type("C", (), {})()
         model.get_output_embeddings = lambda h=head: h
-        hidden = torch.randn(4096, 896, device="cuda", dtype=dtype, generator=gen)
-        targets = torch.randint(0, 151936, (4096,), device="cuda", generator=gen)
+        hidden = torch.randn(positions, 896, device="cuda", dtype=dtype, generator=gen)
+        targets = torch.randint(0, 151936, (positions,), device="cuda", generator=gen)
         out = {}
         for fused in (False, True):
             h = hidden.clone().requires_grad_(True)
@@ -97,15 +100,28 @@ def fused_ce_rows() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--smoke", action="store_true", help="every part at tiny sizes; exit 1 if "
+                    "one failed; without CUDA: say so and exit 0")
     args = ap.parse_args()
     if not torch.cuda.is_available():
+        if args.smoke:
+            print("gpu_check --smoke: skipped, no CUDA device here (every part runs on the GPU)")
+            return
         raise SystemExit("gpu_check: no CUDA device here; run it on a machine with one GPU")
+    # T of the delta rule, scored positions of the fused CE, the shape's layers (None: all),
+    # its batch
+    lengths, positions, layers, batch = ((256,), 256, 1, 2) if args.smoke else \
+        ((2048, 8192), 4096, None, 8)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "python": platform.python_version(), "shape": SHAPE}
+              "python": platform.python_version(), "shape": SHAPE,
+              **({"smoke": True} if args.smoke else {})}
     t0 = time.time()
-    for name, fn in (("delta_rule", delta_rule_rows), ("fused_ce", fused_ce_rows),
-                     ("methods_bf16", lambda: run_shape_bench(SHAPE, None, 8, "bfloat16", "cuda")),
-                     ("methods_fp32", lambda: run_shape_bench(SHAPE, None, 8, "float32", "cuda"))):
+    for name, fn in (("delta_rule", lambda: delta_rule_rows(lengths=lengths)),
+                     ("fused_ce", lambda: fused_ce_rows(positions)),
+                     ("methods_bf16", lambda: run_shape_bench(SHAPE, layers, batch, "bfloat16",
+                                                              "cuda")),
+                     ("methods_fp32", lambda: run_shape_bench(SHAPE, layers, batch, "float32",
+                                                              "cuda"))):
         try:
             report[name] = fn()
         except Exception as e:  # report every part, whatever one of them does
@@ -117,6 +133,11 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
     print(f"gpu_check: {report['seconds']} s on {report['device']}")
+    if args.smoke:
+        failed = [name for name, part in report.items() if isinstance(part, dict)
+                  and ("error" in part or any("error" in r for r in part.get("rows", [])))]
+        if failed:
+            sys.exit(f"gpu_check --smoke: failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

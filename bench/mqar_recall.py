@@ -7,6 +7,7 @@ pairs when their key is queried; the memory has to carry them. Training back-pro
 through the memory trajectory with the chunkwise delta rule. Options: MQARConfig fields.
 
     python bench/mqar_recall.py            # writes bench/results/mqar.json and mqar.png
+    python bench/mqar_recall.py --smoke    # a tiny model, 2 steps; writes to a temp folder
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ import argparse
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from plasticlm.config import parse_value  # noqa: E402
 from plasticlm.memory.mqar import run_mqar  # noqa: E402
 from plasticlm.memory.mqar_config import MQARConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# --smoke: every part (both variants, the curve, the test settings, the plot) at tiny sizes
+SMOKE = dict(steps=2, batch=2, seq_len=32, num_kv=4, window=4, vocab=64, hidden=32, heads=2,
+             rank=2, eval_every=1, test_examples=4)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -47,11 +53,19 @@ def plot(results: dict, path: Path) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = MQARConfig()
     for f in dataclasses.fields(MQARConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        value = getattr(defaults, f.name)
+        ap.add_argument("--" + f.name.replace("_", "-"), default=value,
+                        type=parse_value if isinstance(value, bool) else type(value))
     ap.add_argument("--out", default=str(RESULTS / "mqar.json"))
+    ap.add_argument("--smoke", action="store_true", help="a tiny model and 2 steps, written to "
+                    "a temp folder (a quick check)")
     args = vars(ap.parse_args())
     out = Path(args.pop("out"))
+    if args.pop("smoke"):
+        args.update(SMOKE)
+        out = Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "mqar.json"
     results = run_mqar(MQARConfig(**args))
     for key in ("window_only", "memory"):
         print(key, json.dumps(results[key]["test_accuracy"]))

@@ -6,6 +6,7 @@ the corpus). Each model is scored on NIAH (greedy generation, RULER's exact scor
 4-way choice, chance 25%) on the validation filler, and on held-out world MC questions.
 
     python bench/niah_drills.py [--steps 400] [--eval-samples 40]
+    python bench/niah_drills.py --smoke   # the quick preset, 2 drill steps; a temp folder
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import copy
 import json
 import os
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,13 +38,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="drill steps")
     ap.add_argument("--eval-samples", type=int, default=40)
     ap.add_argument("--out", default=str(RESULTS / "niah_drills.json"))
+    ap.add_argument("--smoke", action="store_true", help="the quick preset's receiver and "
+                    "probes, 2 drill steps, 2 samples per probe, written to a temp folder")
     args = ap.parse_args()
+    runs = Path("runs")
+    if args.smoke:
+        args.steps, args.eval_samples = 2, 2
+        runs = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+        args.out = str(runs / "niah_drills.json")
 
-    p = PRESETS["sandbox"]
+    p = PRESETS["quick" if args.smoke else "sandbox"]
     spec = next(m for m in p.models if m.name == "receiver")
     tspec = next(t for t in p.tokenizers if t.name == spec.tokenizer)
     world = generate_world(p.world)
-    world_dir = write_world(world, Path("runs") / "niah_drills_world")
+    world_dir = write_world(world, runs / "niah_drills_world")
     tok = train_bpe_tokenizer(world.train_docs, vocab_size=tspec.vocab_size)
     torch.manual_seed(spec.seed)
     t0 = time.time()
@@ -53,7 +62,8 @@ def main() -> None:
     pretrain_seconds = time.time() - t0
     drill_hay = haystack_sentences(world.train_docs)
     eval_hay = haystack_sentences(world.valid_docs)
-    probes = (("single", 128), ("single", 224), ("multikey", 224))
+    # the quick preset's tokenizer is short: its own probes (single-needle at 160 tokens)
+    probes = p.niah if args.smoke else (("single", 128), ("single", 224), ("multikey", 224))
 
     def drills(replay: bool):
         return lambda m: train_drills(m, tok, drill_hay, args.steps, p.drill_lengths,

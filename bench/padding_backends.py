@@ -3,7 +3,7 @@ hidden states and last logits (padded in a batch vs alone), at the published sha
 random weights, memory on every layer with its gate open), float32, on this machine.
 
     .venv/bin/python bench/padding_backends.py           # writes results/padding_backends.json
-    .venv/bin/python bench/padding_backends.py --smoke   # one shape, nothing written
+    .venv/bin/python bench/padding_backends.py --smoke   # one shape cut to 1 layer, nothing written
 
 flash_attention_2 is measured where ``flash_attn`` is installed (a CUDA machine).
 """
@@ -34,8 +34,8 @@ def backends() -> list[str]:
     return found
 
 
-def gaps(shape: str) -> dict[str, float]:
-    model, tok = load_causal_lm(resolve_model_spec(f"shape:{shape}@2"), dtype="float32",
+def gaps(shape: str, layers: int = 2) -> dict[str, float]:
+    model, tok = load_causal_lm(resolve_model_spec(f"shape:{shape}@{layers}"), dtype="float32",
                                 device="cpu")
     attach_memory(model, layers="all", window=8, rank=4, gate_init=0.0)
     with torch.no_grad(), torch.random.fork_rng():
@@ -54,7 +54,8 @@ def gaps(shape: str) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="one shape; print, write nothing")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one shape cut to 1 layer; print, write nothing")
     args = ap.parse_args()
     # flex_attention's BlockMask without torch.compile (slow on a CPU); memory layers build
     # their own masks from the 2D padding mask and never read it
@@ -62,7 +63,7 @@ def main() -> None:
     masking_utils.create_block_mask = lambda *a, _compile=False, **k: build(*a, _compile=False,
                                                                             **k)
     shapes = TESTED_SHAPES[:1] if args.smoke else TESTED_SHAPES
-    result = {s: gaps(s) for s in shapes}
+    result = {s: gaps(s, 1 if args.smoke else 2) for s in shapes}
     impls = backends()
     lines = ["| shape | " + " | ".join(impls) + " |", "|---" * (len(impls) + 1) + "|"]
     lines += [f"| {s} | " + " | ".join(f"{g[i]:.1e}" for i in impls) + " |"

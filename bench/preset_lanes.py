@@ -17,6 +17,12 @@ report's stage times it estimates, for the machine of that report:
 Steps use random tokens of the preset's shapes; step time does not depend on the values.
 
     python bench/preset_lanes.py [--seconds 20] [--report FILE ...]
+    python bench/preset_lanes.py --smoke   # one pair live at a tiny batch; a temp folder
+
+``--smoke`` times one side-by-side pair (the receiver's pre-training step beside the
+Llama's, one row of 17 tokens, 6 steps each), then estimates and renders from the committed
+measurements (results/preset_lanes.json) into a temp folder: every condition live would
+take ten worker processes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,9 +53,11 @@ WARMUP = 3
 STARTUP = 6.0    # seconds for side-by-side workers to import torch and build their models
 
 
-def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> dict:
+def step_seconds(shape: str, threads: int, seconds: float, start_at: float,
+                 tiny: bool = False) -> dict:
     """Mean seconds per AdamW step of ``shape`` at ``threads`` threads over ``seconds``,
-    timed from ``start_at`` (wall clock) on, so that workers started together overlap."""
+    timed from ``start_at`` (wall clock) on, so that workers started together overlap;
+    ``tiny``: one row of 17 tokens (a smoke check)."""
     import torch
 
     from plasticlm.models.pretrain import lm_loss
@@ -57,6 +66,8 @@ def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> d
 
     torch.set_num_threads(threads)
     name, batch, width = SHAPES[shape]
+    if tiny:
+        batch, width = 1, 17
     preset = get_preset("sandbox")
     spec = next(m for m in preset.models if m.name == name)
     vocab = next(t.vocab_size for t in preset.tokenizers if t.name == spec.tokenizer)
@@ -78,12 +89,13 @@ def step_seconds(shape: str, threads: int, seconds: float, start_at: float) -> d
             "seconds_per_step": sum(kept) / len(kept), "late": round(max(0.0, late), 2)}
 
 
-def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
+def _workers(jobs: list[tuple[str, int]], seconds: float, tiny: bool = False) -> list[dict]:
     """Run ``(shape, threads)`` jobs at once, each in its own process, timing from one
     moment on (after every worker has imported torch and built its model)."""
     start_at = time.time() + STARTUP
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", shape, str(threads),
-                               str(seconds), str(start_at)], stdout=subprocess.PIPE, text=True)
+                               str(seconds), str(start_at), *(["tiny"] if tiny else [])],
+                              stdout=subprocess.PIPE, text=True)
              for shape, threads in jobs]
     out = []
     for p in procs:
@@ -97,18 +109,20 @@ def _workers(jobs: list[tuple[str, int]], seconds: float) -> list[dict]:
     return out
 
 
-def measure(seconds: float, repeats: int) -> dict:
+def measure(seconds: float, repeats: int, shapes=tuple(SHAPES), pairs=PAIRS,
+            tiny: bool = False) -> dict:
     """Seconds per step of every shape alone (1 and 2 threads) and of each of PAIRS side by
     side (1 thread each), over ``repeats`` rounds that visit every condition once, so that a
-    drift of the machine's speed spreads over all of them. Returns every round's values."""
+    drift of the machine's speed spreads over all of them. Returns every round's values.
+    ``shapes``, ``pairs`` and ``tiny`` (one row of 17 tokens) cut it down for a smoke check."""
     runs: dict[str, list[float]] = {}
     for r in range(repeats):
-        for shape in SHAPES:
+        for shape in shapes:
             for threads in (2, 1):
                 runs.setdefault(f"{shape}@{threads}", []).append(
-                    _workers([(shape, threads)], seconds)[0]["seconds_per_step"])
-        for a, b in PAIRS:
-            ra, rb = _workers([(a, 1), (b, 1)], seconds)
+                    _workers([(shape, threads)], seconds, tiny)[0]["seconds_per_step"])
+        for a, b in pairs:
+            ra, rb = _workers([(a, 1), (b, 1)], seconds, tiny)
             runs.setdefault(_beside(a, b), []).append(ra["seconds_per_step"])
             runs.setdefault(_beside(b, a), []).append(rb["seconds_per_step"])
         print(f"round {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.3f}"
@@ -224,9 +238,9 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+    if len(sys.argv) in (6, 7) and sys.argv[1] == "--worker":
         print(json.dumps(step_seconds(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
-                                      float(sys.argv[5]))))
+                                      float(sys.argv[5]), tiny=sys.argv[6:] == ["tiny"])))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10.0,
@@ -241,6 +255,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "preset_lanes.json")
     ap.add_argument("--from-json", type=Path, default=None,
                     help="estimate and render again from a saved result's measurements")
+    ap.add_argument("--smoke", action="store_true", help="one pair live at a tiny batch, the "
+                    "estimates from the committed measurements, written to a temp folder")
     args = ap.parse_args()
     if args.seconds <= 0 or args.drill_scale <= 0 or args.repeats < 1:
         raise SystemExit("--seconds and --drill-scale must be > 0, --repeats >= 1")
@@ -252,7 +268,13 @@ def main() -> None:
         reports[path.stem] = json.loads(path.read_text())
     from plasticlm.runtime import machine
 
-    if args.from_json:
+    if args.smoke:
+        live = measure(0.0, 1, shapes=(), pairs=PAIRS[:1], tiny=True)
+        print("smoke: one pair live, 1 row of 17 tokens: " + ", ".join(
+            f"{k} {v[0]:.4f} s per step" for k, v in live.items()), flush=True)
+        result = json.loads((RESULTS / "preset_lanes.json").read_text())
+        args.out = Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "preset_lanes.json"
+    elif args.from_json:
         result = json.loads(args.from_json.read_text())
         if "loadavg_start" not in result:
             raise SystemExit(f"{args.from_json} predates the per-round measurements; run the "
@@ -277,6 +299,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(result["table"] + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

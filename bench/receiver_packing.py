@@ -16,6 +16,7 @@ over the same questions and needles: pooled over seeds, and the t-interval of th
 differences. ``--from-json`` renders a saved result's tables again without training.
 
     python bench/receiver_packing.py [--seeds 0 1 2] [--arms fixed:200x16 repacked:200x16]
+    python bench/receiver_packing.py --smoke   # the quick preset, 1 seed, 2 steps; a temp folder
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import copy
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -79,7 +81,14 @@ def main() -> None:
     ap.add_argument("--from-json", metavar="FILE",
                     help="train nothing: render the tables of a saved result again, "
                          "rewriting FILE's table and its .md (--out is ignored)")
+    ap.add_argument("--smoke", action="store_true", help="the quick preset's receiver, seed 0, "
+                    "2 pre-training steps, arms fixed:2x2 repacked:2x2, written to a temp folder")
     args = ap.parse_args()
+    runs_dir = Path("runs")
+    if args.smoke:
+        args.seeds, args.arms, args.steps = [0], ["fixed:2x2", "repacked:2x2"], 2
+        runs_dir = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+        args.out, args.from_json = str(runs_dir / "receiver_packing.json"), None
     if args.from_json:
         _write(json.loads(Path(args.from_json).read_text()), Path(args.from_json))
         return
@@ -89,12 +98,12 @@ def main() -> None:
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps {args.steps}: give at least 1 pre-training step")
 
-    p = PRESETS["sandbox"]
+    p = PRESETS["quick" if args.smoke else "sandbox"]
     spec = next(m for m in p.models if m.name == "receiver")
     steps = spec.steps if args.steps is None else args.steps
     tspec = next(t for t in p.tokenizers if t.name == spec.tokenizer)
     world = generate_world(p.world)
-    world_dir = write_world(world, Path("runs") / "receiver_packing_world")
+    world_dir = write_world(world, runs_dir / "receiver_packing_world")
     tok = train_bpe_tokenizer(world.train_docs, vocab_size=tspec.vocab_size)
     blocks = pack_corpus(tok, world.train_docs, p.seq_len)
     drill_hay = haystack_sentences(world.train_docs)

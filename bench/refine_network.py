@@ -14,6 +14,11 @@ The fusers are the general ones from `plasticlm refine pretrain-fuser` (default 
 runs/refine-network/fusers, one per transmitter -> receiver).
 
     python bench/refine_network.py --items 300 --out bench/results/refine_network
+    python bench/refine_network.py --smoke   # the quick sandbox, 2 items; a temp folder
+
+``--smoke`` serves the quick sandbox family instead (its receiver; transmitter-llama and the
+specialist as the two transmitters) with untrained rank-4 fusers in a temp registry, asks 2
+items in every mode and writes into a temp folder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +70,20 @@ def _wait(url: str, limit: float = 300.0) -> None:
     raise SystemExit(f"{url} did not start")
 
 
+def _untrained_fusers(preset: str, transmitters: tuple[str, ...], registry: Path) -> None:
+    """A fresh (untrained) rank-4 fuser from each transmitter into the receiver, saved where
+    the registry serves it (a smoke check's stand-in for ``refine pretrain-fuser``)."""
+    from plasticlm.refine import Fuser
+    from plasticlm.refine.peer import load_peer
+    from plasticlm.refine.registry import pair_folder
+
+    receiver = load_peer(f"{preset}:receiver")
+    for t in transmitters:
+        peer = load_peer(f"{preset}:{t}")
+        Fuser.for_pair(receiver.layout, peer.layout, rank=4).save_pretrained(
+            pair_folder(registry, peer.name, receiver.name))
+
+
 def _ci(xs: list[float], base: list[float] | None = None) -> dict:
     c = bootstrap_ci(xs, base)
     return {"mean": 100 * c.mean, "low": 100 * c.low, "high": 100 * c.high, "n": c.n}
@@ -74,15 +94,23 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=300)
     ap.add_argument("--registry", default="runs/refine-network/fusers")
     ap.add_argument("--out", default="bench/results/refine_network")
+    ap.add_argument("--smoke", action="store_true", help="the quick sandbox with untrained "
+                    "fusers, 2 items, written to a temp folder (a quick check)")
     args = ap.parse_args()
-    _, questions, _ = load_questions(ExperimentConfig(receiver="sandbox:receiver"))
+    preset, transmitters = "sandbox", TRANSMITTERS
+    if args.smoke:
+        preset, transmitters, args.items = "quick", ("transmitter-llama", "specialist"), 2
+        tmp = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+        args.registry, args.out = str(tmp / "fusers"), str(tmp / "refine_network")
+        _untrained_fusers(preset, transmitters, Path(args.registry))
+    _, questions, _ = load_questions(ExperimentConfig(receiver=f"{preset}:receiver"))
     questions = questions[: args.items]
-    ports = {k: _port() for k in ("registry", "receiver", *TRANSMITTERS)}
+    ports = {k: _port() for k in ("registry", "receiver", *transmitters)}
     url = {k: f"http://127.0.0.1:{p}" for k, p in ports.items()}
     procs = [_start(["registry", "--folder", args.registry], ports["registry"])]
-    procs += [_start(["serve", "--model", f"sandbox:{t}"], ports[t]) for t in TRANSMITTERS]
-    procs.append(_start(["serve", "--model", "sandbox:receiver", "--registry", url["registry"],
-                         *[a for t in TRANSMITTERS for a in ("--peer", url[t])]],
+    procs += [_start(["serve", "--model", f"{preset}:{t}"], ports[t]) for t in transmitters]
+    procs.append(_start(["serve", "--model", f"{preset}:receiver", "--registry", url["registry"],
+                         *[a for t in transmitters for a in ("--peer", url[t])]],
                         ports["receiver"]))
     client = httpx.Client(timeout=120.0)
     try:
@@ -136,6 +164,7 @@ def main() -> None:
     write_text_atomic(out.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     write_text_atomic(out.with_suffix(".md"), "\n".join(markdown(report)) + "\n")
     print("\n".join(markdown(report)))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
 def summarise(results: dict, per_token: dict, n: int) -> dict:

@@ -1,6 +1,7 @@
 """Do sandbox fusers carry knowledge they were not trained on? A controlled test.
 
     python bench/refine_transfer.py [--epochs 10] [--out bench/results/refine_transfer.json]
+    python bench/refine_transfer.py --smoke   # the quick sandbox, 1 epoch, a few questions
 
 The specialist read Q/A lines about its `dev` entities, so it knows those facts best. Their
 questions are split in two folds by entity. For each fold, fusers are trained on the other
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,9 +47,15 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--control", default="transmitter-llama")
     ap.add_argument("--out", default=str(RESULTS / "refine_transfer.json"))
+    ap.add_argument("--smoke", action="store_true", help="the quick sandbox, 1 epoch, 4 "
+                    "training and 2 held-out questions per fold, written to a temp folder")
     args = ap.parse_args()
+    preset, train_cap, test_cap = "sandbox", None, None
+    if args.smoke:
+        preset, train_cap, test_cap, args.epochs = "quick", 4, 2, 1
+        args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "refine_transfer.json")
 
-    world = sandbox_world()
+    world = sandbox_world(preset)
     folder = world / "specialist_mmlu"
     meta = question_meta(read_world_index(world), "specialist")
 
@@ -58,9 +66,9 @@ def main() -> None:
     rest = load_mmlu(folder, "val") + load_mmlu(folder, "test")
     entities = sorted({entity(q) for q in dev})
     folds = [set(entities[0::2]), set(entities[1::2])]
-    receiver = load_peer("sandbox:receiver")
-    peers = {"specialist": load_peer("sandbox:specialist"),
-             "control": load_peer(f"sandbox:{args.control}")}
+    receiver = load_peer(f"{preset}:receiver")
+    peers = {"specialist": load_peer(f"{preset}:specialist"),
+             "control": load_peer(f"{preset}:{args.control}")}
 
     def accuracy(fr, mode, qs) -> list[bool]:
         return [fr.score(mc_prompt(q.question), list(q.choices), mode).choice == q.answer_index
@@ -69,8 +77,8 @@ def main() -> None:
     t0 = time.time()
     hits: dict[str, list[bool]] = {}
     for k, held in enumerate(folds):
-        test = [q for q in dev if entity(q) in held]
-        train = [q for q in dev if entity(q) not in held] + rest
+        test = [q for q in dev if entity(q) in held][:test_cap]
+        train = ([q for q in dev if entity(q) not in held] + rest)[:train_cap]
         examples = make_examples(train, mc_prompt)
         hits.setdefault("receiver alone", []).extend(
             accuracy(FedRefine(receiver), "alone", test))

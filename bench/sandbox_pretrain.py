@@ -1,10 +1,13 @@
 """Pre-train the sandbox model family and print/plot its report.
 
     python bench/sandbox_pretrain.py [--preset sandbox] [--force] [--threads N] [--out DIR]
+    python bench/sandbox_pretrain.py --smoke   # the quick preset; report to a temp folder
 
 Trains the preset when its report is missing (or with --force), then writes
 bench/results/sandbox_pretrain.json (the report) and bench/results/sandbox_pretrain.png
 (held-out MC accuracy per domain and head/torso/tail for each model, chance at 25%).
+``--smoke``: the quick preset (its cached family, or seconds of training when missing), its
+report and plot written to a temp folder.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,7 +59,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="preset folder (default: the cache)")
     ap.add_argument("--force", action="store_true", help="retrain even if a report exists")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--smoke", action="store_true", help="the quick preset; the report and "
+                    "plot go to a temp folder")
     args = ap.parse_args(argv)
+    results = RESULTS
+    if args.smoke:
+        args.preset = "quick"
+        results = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
 
     from plasticlm.runtime import set_threads
     from plasticlm.sandbox import preset_dir, pretrain_preset, probe_table
@@ -67,16 +77,16 @@ def main(argv=None) -> int:
         pretrain_preset(args.preset, out, reuse=not args.force)
         print(f"trained in {time.time() - t:.0f} s", file=sys.stderr)
     report = json.loads((out / "report.json").read_text())
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"sandbox_pretrain_{args.preset}.json").write_text(json.dumps(report, indent=1))
-    plot(report, RESULTS / f"sandbox_pretrain_{args.preset}.png")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"sandbox_pretrain_{args.preset}.json").write_text(json.dumps(report, indent=1))
+    plot(report, results / f"sandbox_pretrain_{args.preset}.png")
     print(probe_table(report))
     receiver = report["models"].get("receiver", {})
     for k, v in sorted(receiver.get("mc_core_heldout", {}).items()):
         if k.startswith("domain/"):
             print(f"receiver {k:<28} {v['accuracy']:.3f} [{v['low']:.3f}, {v['high']:.3f}] "
                   f"(n={v['n']})")
-    print(f"results in {RESULTS}")
+    print(f"results in {results}")
     return 0
 
 

@@ -4,15 +4,18 @@
         --squad ~/.cache/plasticlm/models/sandbox/world/squad/unseen.json --contexts 4 --k 4
 
 Writes bench/results/scol_cost.json and scol_cost.png. Default model/data: the sandbox
-receiver and world (trained on first use).
+receiver and world (trained on first use). ``--smoke``: the quick preset's receiver and world,
+1 context, K = 2, 1 LoRA step, written to a temp folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,17 +31,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--smoke", action="store_true", help="the quick preset, 1 context, K = 2, "
+                    "1 LoRA step, written to a temp folder (a quick check)")
     args = ap.parse_args()
+    preset = "sandbox"
+    if args.smoke:
+        preset, args.contexts, args.k, args.steps = "quick", 1, 2, 1
+        args.out = tempfile.mkdtemp(prefix="bench-smoke-")
 
     from plasticlm.data.squad import load_squad
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.meta import consolidate_stream
     from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
 
-    cfg = ExperimentConfig(model=args.model, squad=args.squad, threads=args.threads)
-    cfg.scol.k = args.k
-    cfg.scol.temperature = 2.0  # explore, so that K distinct candidates are really trained
-    cfg.scol.lora.steps = args.steps
+    cfg = ExperimentConfig(model=args.model, preset=preset, squad=args.squad,
+                           threads=args.threads)
+    # explore (temperature 2), so that K distinct candidates are really trained
+    cfg = dataclasses.replace(cfg, scol=dataclasses.replace(
+        cfg.scol, k=args.k, temperature=2.0,
+        lora=dataclasses.replace(cfg.scol.lora, steps=args.steps)))
     model, tok = load_model(cfg)
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
     _, stream = split_streams(contexts, 0, 0, args.contexts, seed=1)
@@ -49,9 +60,7 @@ def main() -> None:
             ("scol_best_of_k_intrinsic_one_by_one", "best", "intrinsic", False),
             ("scol_best_of_k_intrinsic_together", "best", "intrinsic", True),
             ("scol_best_of_k_supervised_together", "best", "supervised", True)):
-        c = copy.deepcopy(cfg.scol)
-        c.reward = reward
-        c.together = together
+        c = dataclasses.replace(cfg.scol, reward=reward, together=together)
         t = time.time()
         _, records, pairs = consolidate_stream(copy.deepcopy(model), tok, stream, c, selection)
         total = time.time() - t

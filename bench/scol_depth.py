@@ -11,7 +11,8 @@ the value ("verbatim"), another paraphrase of it ("paraphrase"), and the QA prom
 ("question"). Peer: the untouched receiver on the same prompts. A fact that the update wrote
 but that questions cannot read shows as verbatim >> question.
 
-Writes bench/results/scol_depth.{json,md,png}.
+Writes bench/results/scol_depth.{json,md,png}. ``--smoke``: the quick preset's receiver and
+world, 1 passage, 1 step per setting, written to a temp folder.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -106,7 +108,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
+    ap.add_argument("--smoke", action="store_true", help="the quick preset, 1 passage, 1 step "
+                    "per setting, written to a temp folder (a quick check)")
     args = ap.parse_args()
+    preset, settings = "sandbox", SETTINGS
+    if args.smoke:
+        preset, args.passages, args.threads = "quick", 1, 1
+        settings = {name: {**s, "steps": 1} for name, s in SETTINGS.items()}
+        args.out, args.plot_only = tempfile.mkdtemp(prefix="bench-smoke-"), False
     if args.plot_only:
         plot(json.loads((Path(args.out) / "scol_depth.json").read_text()), Path(args.out))
         return
@@ -122,8 +131,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    world = generate_world(get_preset("sandbox").world)
-    model, tok = load_causal_lm(sandbox_model("receiver"), dtype="float32", device="cpu")
+    world = generate_world(get_preset(preset).world)
+    model, tok = load_causal_lm(sandbox_model("receiver", preset), dtype="float32", device="cpu")
     n_layers = model.config.num_hidden_layers
     items = probe_items(world, args.passages)
     groups = {f: [it["entity"] for it in items if it[f]] for f in FORMS}
@@ -131,7 +140,7 @@ def main() -> None:
     rows = [{"setting": "untouched", "layers": "-", **{
         f: untouched[f] for f in FORMS}}]
     passages = list(dict.fromkeys(it["passage"] for it in items))
-    for name, setting in SETTINGS.items():
+    for name, setting in settings.items():
         lora = LoraTrainConfig(target_modules=MODULES[setting["modules"]], lr=setting["lr"],
                                steps=setting["steps"], replay=0)
         for layers in [[i] for i in range(n_layers)] + [list(range(n_layers))]:

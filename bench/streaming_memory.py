@@ -5,7 +5,8 @@ Model: a random tiny Qwen3-shaped Llama (hidden 256, 4 layers, 4 heads, 2 kv hea
 fed in chunks of 512 tokens. "stream" = attach_memory(all layers, window 512) + MemoryStream;
 "full" = the same base model with a growing DynamicCache (full attention).
 
-    python bench/streaming_memory.py     # writes bench/results/streaming_memory.{json,png}
+    python bench/streaming_memory.py          # writes bench/results/streaming_memory.{json,png}
+    python bench/streaming_memory.py --smoke  # T = 640 (two chunks) each way; a temp folder
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,7 +73,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", nargs=2, metavar=("MODE", "TOKENS"))
     ap.add_argument("--out", default=str(RESULTS / "streaming_memory.json"))
+    ap.add_argument("--smoke", action="store_true", help="T = 640 (two chunks) in both modes, "
+                    "written to a temp folder (a quick check)")
     args = ap.parse_args()
+    if args.smoke and not args.child:
+        args.tokens = [CHUNK + 128]
+        args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "streaming_memory.json")
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.threads)))
         return
