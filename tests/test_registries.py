@@ -172,3 +172,105 @@ def test_refine_registry_typos_are_refused_with_the_choices(capsys):
     assert main(["refine", "ask", "hi", "--receiver", "nowhere", "--mode", "c2x"]) == 2
     err = capsys.readouterr().err
     assert f"unknown FedRefine mode 'c2x'; choose one of {', '.join(MODES)}" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# FedNL: federated methods (METHODS), aggregation rules (AGGREGATORS)
+# ---------------------------------------------------------------------------------------------
+
+FEDNL_ONE_STEP = ["train.local_steps=1", "train.batch_size=2", "data.max_train=4",
+                  "data.max_test=2", "method.ala_steps=1", "train.lr=1e-2", "train.full_lr=1e-2"]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_fednl_every_method_runs_a_local_round_on_the_quick_model():
+    """Each registered method prepares the quick receiver, trains one local step from the
+    initial theta and returns a finite loss and a theta that moved (same keys, float32)."""
+    from plasticlm.config import preset_path
+    from plasticlm.fednl.config import FedNLConfig
+    from plasticlm.fednl.local import local_update
+    from plasticlm.fednl.methods import FedMethod
+    from plasticlm.fednl.sections import METHODS
+    from plasticlm.fednl.setup import build_model, tasks_for
+    from plasticlm.fednl.theta import get_theta
+
+    assert {FedMethod} | _subclasses(FedMethod) == {m for _, m in METHODS.items()}, \
+        "a FedMethod class is unregistered"
+    for name in METHODS.names():
+        cfg = load_config(FedNLConfig, None, [f"method.name={name}", *FEDNL_ONE_STEP],
+                          preset=preset_path("fednl", "quick"))
+        model, tok = build_model(cfg)
+        start = {k: v.clone() for k, v in get_theta(model).items()}
+        theta, metrics = local_update(model, tok, tasks_for(cfg)[0], start, {}, cfg, seed=0)
+        assert set(theta) == set(start), name
+        assert all(v.dtype == torch.float32 for v in theta.values()), name
+        assert math.isfinite(metrics["train_loss"]) and metrics["train_loss"] > 0, name
+        assert any(not torch.equal(theta[k], start[k]) for k in theta), name
+
+
+def _fednl_honest(n: int = 5, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    current = {"a": torch.randn(4, 3, generator=gen), "gate_logit": torch.zeros(2)}
+    thetas = [{k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in current.items()}
+              for _ in range(n)]
+    return current, thetas
+
+
+def test_fednl_every_aggregation_rule_stays_within_the_clients():
+    """Each registered rule maps 5 honest replies to a theta inside their coordinate-wise
+    range (and none is clipped)."""
+    from plasticlm.fednl.aggregators import robust_aggregate
+    from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
+
+    current, thetas = _fednl_honest()
+    for rule in AGGREGATORS.names():
+        out, info = robust_aggregate(thetas, [10, 20, 30, 40, 50], current,
+                                     AggregationConfig(rule=rule), max_examples=96)
+        assert info["clipped"] == [] and info["rule"] == rule
+        for k in current:
+            stack = torch.stack([t[k] for t in thetas])
+            assert (out[k] >= stack.min(0).values - 1e-6).all(), (rule, k)
+            assert (out[k] <= stack.max(0).values + 1e-6).all(), (rule, k)
+
+
+def _fednl_replies(thetas, counts):
+    """The clients' replies as Flower's strategies receive them: one ArrayRecord and one
+    MetricRecord with the example count."""
+    from flwr.app import ArrayRecord, Message, MessageType, Metadata, MetricRecord, RecordDict
+
+    return [Message(metadata=Metadata(run_id=1, message_id=f"m{i}", src_node_id=i + 1,
+                                      dst_node_id=0, reply_to_message_id=f"r{i}", group_id="1",
+                                      created_at=0.0, ttl=60.0,
+                                      message_type=MessageType.TRAIN),
+                    content=RecordDict({"arrays": ArrayRecord(
+                        {k: v.clone() for k, v in theta.items()}),
+                        "metrics": MetricRecord({"num-examples": n})}))
+            for i, (theta, n) in enumerate(zip(thetas, counts))]
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean", "krum"])
+def test_fednl_robust_rules_equal_flowers_strategies(rule):
+    """With clipping off, median, trimmed_mean and krum give what Flower's FedMedian,
+    FedTrimmedAvg and Krum give on the same replies (ours aggregate the updates
+    theta_i - theta, Flower's the thetas: the same for these rules)."""
+    from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum
+
+    from plasticlm.fednl.aggregators import robust_aggregate
+    from plasticlm.fednl.sections import AggregationConfig
+
+    current, thetas = _fednl_honest(5, seed=3)
+    thetas[4] = {k: v + 5.0 for k, v in thetas[4].items()}   # one far client: rules differ
+    counts = [10, 20, 30, 40, 50]
+    cfg = AggregationConfig(rule=rule, clip=0.0)
+    ours, _ = robust_aggregate(thetas, counts, current, cfg, max_examples=96)
+    flower = {"median": FedMedian(), "trimmed_mean": FedTrimmedAvg(beta=cfg.trim),
+              "krum": Krum(num_malicious_nodes=(len(thetas) - 3) // 2)}[rule]
+    arrays, _ = flower.aggregate_train(1, _fednl_replies(thetas, counts))
+    theirs = arrays.to_torch_state_dict()
+    assert set(theirs) == set(ours)
+    for k in ours:
+        torch.testing.assert_close(ours[k], theirs[k].float(), atol=1e-5, rtol=1e-5)
+    # and not what the plain mean gives
+    mean, _ = robust_aggregate(thetas, counts, current, AggregationConfig(rule="mean", clip=0.0),
+                               max_examples=96)
+    assert max(float((mean[k] - ours[k]).abs().max()) for k in ours) > 0.1

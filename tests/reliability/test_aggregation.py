@@ -6,9 +6,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.aggregate import weighted_mean
-from plasticlm.fednl.robust import RULES, AggregationConfig, clip_updates, robust_aggregate
+from plasticlm.fednl.aggregators import clip_updates, robust_aggregate
+from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
+
+RULES = AGGREGATORS.names()
 
 
 def honest(n: int = 5, seed: int = 0):
@@ -81,7 +85,8 @@ def test_clipped_norms_never_exceed_the_bound(rows, factor, seed):
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(PlasticError, match="unknown aggregation rule"):
-        AggregationConfig(rule="avg")
-    with pytest.raises(PlasticError, match="trim"):
-        AggregationConfig(trim=0.5)
+    with pytest.raises(PlasticError, match="config rule: unknown aggregation rule 'avg'; "
+                                           "choose one of mean, median"):
+        from_dict(AggregationConfig, {"rule": "avg"})
+    with pytest.raises(PlasticError, match="config trim: input should be less than 0.5"):
+        from_dict(AggregationConfig, {"trim": 0.5})

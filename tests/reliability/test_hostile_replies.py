@@ -20,9 +20,9 @@ from flwr.app import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from plasticlm.config import override
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.robust import AggregationConfig
 from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
@@ -55,7 +55,8 @@ def reply(pid, theta=None, n=10, loss=1.0, drop=(), kind=MessageType.TRAIN, acc=
 @pytest.fixture
 def server(tmp_path):
     def make(rule="mean"):
-        cfg = FedNLConfig(min_clients=2, max_train=96, aggregation=AggregationConfig(rule=rule))
+        cfg = override(FedNLConfig(), {"federation.min_clients": 2, "data.max_train": 96,
+                                       "aggregation.rule": rule})
         s = ThetaAverage(cfg, Checkpointer(tmp_path, cfg), start_round=0, num_nodes=5)
         s.reference = {k: v.clone() for k, v in THETA.items()}
         s.record = {"round": 1, "t0": 0.0, f"sent_{MessageType.TRAIN}": 5}
@@ -187,7 +188,7 @@ def test_any_replies_are_aggregated_or_fail_the_round_cleanly(tmp_path_factory, 
     shapes and finite values) or fails with RoundFailed; nothing else is raised, and a round
     is committed only with a finite accuracy."""
     folder = tmp_path_factory.mktemp("fuzz")
-    cfg = FedNLConfig(min_clients=1, max_train=96)
+    cfg = override(FedNLConfig(), {"federation.min_clients": 1, "data.max_train": 96})
     s = ThetaAverage(cfg, Checkpointer(folder, cfg), start_round=0, num_nodes=5)
     s.reference = {k: v.clone() for k, v in THETA.items()}
     s.record = {"round": 1, "t0": 0.0, f"sent_{MessageType.TRAIN}": 5}

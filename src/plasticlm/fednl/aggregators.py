@@ -90,12 +90,12 @@ def krum_index(updates: torch.Tensor) -> int:
     """Krum's choice among the rows of ``updates`` [N, P], by Flower's ``select_multikrum``
     with ``f = (n - 3) // 2`` hostile clients assumed."""
     n = updates.shape[0]
-    contents = [RecordDict({"arrays": ArrayRecord({"u": row.double().numpy().copy()}),
-                            "index": ArrayRecord({"i": np.array([i])})})
-                for i, row in enumerate(updates)]
+    # one ArrayRecord per row (a list of ndarrays: ArrayRecord takes no dict of them)
+    contents = [RecordDict({"arrays": ArrayRecord([row.double().numpy().copy()])})
+                for row in updates]
     (chosen,) = select_multikrum(contents, num_malicious_nodes=max(0, (n - 3) // 2),
                                  num_nodes_to_select=1)
-    return int(chosen["index"]["i"].numpy()[0])
+    return next(i for i, c in enumerate(contents) if c is chosen)
 
 
 @AGGREGATORS.register("krum")
