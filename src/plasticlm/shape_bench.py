@@ -28,9 +28,11 @@ from collections.abc import Callable
 import psutil
 import torch
 
+from plasticlm.config import load_config
 from plasticlm.data.squad import load_squad
+from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.local import local_update
-from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import OpenBookTask
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
@@ -102,10 +104,12 @@ def fednl_row(folder: str, batch: int, dtype: str, device: torch.device) -> dict
     task = OpenBookTask("bench", "bench", items, items[:2])
     results = []
     for name in ("fednl", "fedavg"):
-        cfg = MethodConfig(name=name, local_steps=1, batch_size=batch, lora_rank=8, window=64)
+        cfg = load_config(FedNLConfig, None, [f"method.name={name}", "train.local_steps=1",
+                                              f"train.batch_size={batch}", "method.lora_rank=8",
+                                              "method.window=64"])
         model, tok = load_causal_lm(folder, dtype=dtype, device=device)
         torch.manual_seed(0)
-        model = prepare_model(model, cfg)
+        model = prepare_model(model, cfg.method, cfg.memory)
         start = get_theta(model)
         local_update(model, tok, task, start, {}, cfg, seed=0)  # warm-up
         results.append(measure(lambda m=model, c=cfg, t=tok, s=start: local_update(

@@ -11,7 +11,8 @@ import torch
 from transformers import DynamicCache
 
 from plasticlm.data.squad import load_squad
-from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.methods import prepare_model
+from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.theta import get_theta
 from plasticlm.memory import MemoryStream, attach_memory
 from plasticlm.models import build_tiny, train_bpe_tokenizer
@@ -53,14 +54,16 @@ def state_rows(lengths: list[int], window: int = 256) -> list[dict]:
 
 def wire_rows() -> list[dict]:
     """Theta bytes per client and round (float32) of each method on the same tiny model."""
-    def theta_bytes(method: MethodConfig) -> int:
-        return sum(x.numel() * 4 for x in get_theta(prepare_model(_tiny(), method)).values())
+    def theta_bytes(name: str) -> int:
+        method = MethodConfig(name=name, window=64)
+        model = prepare_model(_tiny(), method, MemoryOptions())
+        return sum(x.numel() * 4 for x in get_theta(model).values())
 
-    fednl = theta_bytes(MethodConfig(name="fednl", window=64))
+    fednl = theta_bytes("fednl")
     rows = [{"peer": "LoRA-FedAvg, same rank",
-             "peer_bytes": theta_bytes(MethodConfig(name="fedavg", window=64))},
+             "peer_bytes": theta_bytes("fedavg")},
             {"peer": "full FedAvg (every weight)",
-             "peer_bytes": theta_bytes(MethodConfig(name="fedavg-full", window=64))}]
+             "peer_bytes": theta_bytes("fedavg-full")}]
     for r in rows:
         r.update(fednl_bytes=fednl, ratio=r["peer_bytes"] / fednl)
     return rows
