@@ -90,7 +90,7 @@ def test_values_of_the_wrong_type_are_refused_before_any_work():
         load_config(Cfg, None, ["layers=3"])
     with pytest.raises(PlasticError, match="expected a number"):
         load_config(Cfg, None, ["train.lr=true"])
-    assert main(["fednl", "run", "--quick", "--set", "rounds=abc"]) == 2
+    assert main(["fednl", "run", "--quick", "--set", "train.rounds=abc"]) == 2
 
 
 def test_parse_value():

@@ -55,8 +55,9 @@ def test_damaged_fuser_folders_are_one_clear_error(tmp_path):
 
 
 @settings(max_examples=150, deadline=None)
-@given(key=st.sampled_from(["rounds", "method.lr", "name", "method.name", "aggregation.rule",
-                            "aggregation.clip", "max_train", "nope", "method.nope", ""]),
+@given(key=st.sampled_from(["train.rounds", "train.lr", "name", "method.name",
+                            "aggregation.rule", "aggregation.clip", "data.max_train",
+                            "memory.mix", "nope", "method.nope", "data", ""]),
        value=st.text(max_size=12))
 def test_any_override_text_works_or_is_refused_cleanly(key, value):
     for cls in (FedNLConfig, ExperimentConfig):
@@ -70,7 +71,8 @@ def test_any_override_text_works_or_is_refused_cleanly(key, value):
     (["data", "niah", "--n", "0", "--out", "OUT"], "--n and --length must be >= 1"),
     (["refine", "train-fuser", "--receiver", "r", "--transmitter", "t", "--out", "OUT",
       "--set", "epochs=0"], "config epochs must be > 0"),
-    (["fednl", "run", "--quick", "--set", "rounds=0"], "config rounds must be > 0"),
+    (["fednl", "run", "--quick", "--set", "train.rounds=0"],
+     "config train.rounds: input should be greater than 0, got 0"),
     (["scol", "experiment", "squad", "--quick", "--set", "eval_length=-1"],
      "config eval_length must be > 0"),
     (["models", "pretrain", "--text", "x.txt", "--out", "OUT", "--set", "steps=0"],
