@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from plasticlm.config import from_dict, override
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.methods import prepare_model
+from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.models import build_tiny
 
 
@@ -27,7 +29,8 @@ def test_windowed_baseline_cannot_see_beyond_its_window(method):
     changed[0, 3] = (ids[0, 3] % 63) + 1
     outputs = {}
     for window in (4, 0):
-        model = prepare_model(_tiny(), MethodConfig(name=method, window=window)).eval()
+        model = prepare_model(_tiny(), MethodConfig(name=method, window=window),
+                              MemoryOptions()).eval()
         with torch.no_grad():
             outputs[window] = [model(input_ids=x).logits[0, -1] for x in (ids, changed)]
     assert torch.allclose(*outputs[4], atol=1e-6)
@@ -36,7 +39,7 @@ def test_windowed_baseline_cannot_see_beyond_its_window(method):
 
 def test_fednl_needs_a_window():
     with pytest.raises(PlasticError, match="window > 0"):
-        prepare_model(_tiny(), MethodConfig(name="fednl", window=0))
+        prepare_model(_tiny(), MethodConfig(name="fednl", window=0), MemoryOptions())
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,6 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
     """Each open-book client trains on its own domain's closed-book questions, ``share`` of
     its pairs, in the pre-training template, none of them a closed-book test question."""
     from plasticlm.eval import qa_continuation, qa_prompt
-    from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.clients import (
         closed_book_test,
         has_closed_book_pool,
@@ -73,6 +75,7 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
         with_closed_book,
         world_domains,
     )
+    from plasticlm.fednl.config import FedNLConfig
 
     tasks = openbook_tasks(quick_world)
     mixed = with_closed_book(tasks, quick_world, 0.25, seed=0)
@@ -92,28 +95,30 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
     from plasticlm.fednl.setup import tasks_for
 
     for split in ("openbook", "niah"):
-        cfg = FedNLConfig(split=split, model="sandbox-quick:receiver", data="sandbox-quick",
-                          niah_length=400, max_train=4, closed_book_share=0.25)
+        cfg = from_dict(FedNLConfig, {
+            "model": "sandbox-quick:receiver",
+            "data": {"split": split, "source": "sandbox-quick", "niah_length": 400,
+                     "max_train": 4, "closed_book_share": 0.25}})
         assert all(t.closed_book for t in tasks_for(cfg))
     # the experiment's closed-book row, and only it, trains with them
     from plasticlm.fednl.experiment import _closed_book_cell
     from plasticlm.fednl.variants import ExperimentConfig, federated_config, variants
 
-    ecfg = ExperimentConfig(data=str(quick_world))
-    shares = {v.label: federated_config(ecfg, v, 0, quick_world).closed_book_share
+    ecfg = override(ExperimentConfig(), {"run.data.source": str(quick_world)})
+    shares = {v.label: federated_config(ecfg, v, 0, quick_world).data.closed_book_share
               for v in variants(ecfg)}
-    assert shares.pop("fednl, with closed-book questions") == ecfg.closed_book_share > 0
+    assert shares.pop("fednl, with closed-book questions") == ecfg.closed_book_row_share > 0
     assert set(shares.values()) == {0.0}
     # a folder of NIAH essays has no closed-book questions: no such row, nothing to score
     essays = quick_world.parent / "essays-only"
     assert not has_closed_book_pool(essays)
     assert "fednl, with closed-book questions" not in [
-        v.label for v in variants(ExperimentConfig(data=str(essays)))]
+        v.label for v in variants(override(ExperimentConfig(), {"run.data.source": str(essays)}))]
     assert _closed_book_cell([{"correct": [1.0]}]) == "-"   # scored before the column existed
     with pytest.raises(PlasticError, match="closed-book already"):
-        FedNLConfig(split="domain", closed_book_share=0.25)
-    with pytest.raises(PlasticError, match=r"\[0, 1\)"):
-        FedNLConfig(split="niah", closed_book_share=1.0)
+        from_dict(FedNLConfig, {"data": {"split": "domain", "closed_book_share": 0.25}})
+    with pytest.raises(PlasticError, match="data.closed_book_share: input should be less than 1"):
+        from_dict(FedNLConfig, {"data": {"split": "niah", "closed_book_share": 1.0}})
 
 
 def test_long_stream_settings_that_cannot_work_are_refused():
@@ -206,11 +211,15 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
     def theta_trained(recurrent: bool | None):
         model = tiny()
         model.load_state_dict(state)
-        cfg = MethodConfig(name="fednl" if recurrent is not None else "fedavg", window=4,
-                           memory_recurrent=bool(recurrent), lr=1e-2)
-        model = prepare_model(model, cfg).eval()
+        from plasticlm.fednl.config import FedNLConfig
+
+        cfg = override(FedNLConfig(), {
+            "method.name": "fednl" if recurrent is not None else "fedavg",
+            "method.window": 4, "memory.recurrent": bool(recurrent), "train.lr": 1e-2})
+        model = prepare_model(model, cfg.method, cfg.memory).eval()
         if recurrent is not None:  # None: the windowed frozen base, untouched
-            train(model, param_groups(trainable(model), cfg.gate_lr), 200, lr=cfg.lr, seed=1)
+            train(model, param_groups(trainable(model), cfg.train.gate_lr), 200,
+                  lr=cfg.train.lr, seed=1)
         return accuracy(model)
 
     full = accuracy(base)
@@ -269,14 +278,14 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
     monkeypatch.setattr(fed_run, "run_federated",
                         lambda *a, **k: pytest.fail("a finished run was run again"))
     assert run_experiment(cfg, progress=False)["runs"] == results["runs"]
-    # a finished run whose saved config predates a field (here: memory_decay) is reused too
+    # a finished run whose saved config predates a field (here: memory.decay) is reused too
     from plasticlm.fednl.variants import federated_config, trained_model
 
     fednl = next(v for v in variants(cfg) if v.label == "fednl")
     fcfg = federated_config(cfg, fednl, 0, folder)
     saved = folder / fcfg.name / "config.json"
     old = json.loads(saved.read_text())
-    del old["method"]["memory_decay"]
+    del old["memory"]["decay"]
     saved.write_text(json.dumps(old))
     assert trained_model(fcfg, True, progress=False)[2] is not None
 

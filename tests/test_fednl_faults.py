@@ -16,11 +16,11 @@ from flwr.app import (
     RecordDict,
 )
 
+from plasticlm.config import from_dict, override
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.client_app import client_app
-from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import MethodConfig
+from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
 from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 
 THETA = {"w": torch.ones(2, 3), "b": torch.zeros(3)}
@@ -43,9 +43,20 @@ def reply(pid: int, theta=None, n: int = 10, error: Error | None = None) -> Mess
     return Message(metadata=meta(pid), content=content)
 
 
+def run_context(cfg: FedNLConfig, run_dir, node_config: dict) -> Context:
+    """A node's Context in ``cfg``'s run: the run config as Flower carries it (dotted keys
+    and the run folder), read by the client once per run."""
+    return Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(),
+                   run_config={**flower_run_config(cfg), RUN_DIR_KEY: str(run_dir)})
+
+
+# a round's message carries theta and the round, nothing else
+ROUND_1 = ConfigRecord({"server-round": 1})
+
+
 @pytest.fixture
 def strategy(tmp_path):
-    cfg = FedNLConfig(min_clients=2)
+    cfg = override(FedNLConfig(), {"federation.min_clients": 2})
     s = ThetaAverage(cfg, Checkpointer(tmp_path, cfg), start_round=0, num_nodes=5)
     s.reference = {k: v.clone() for k, v in THETA.items()}
     s.record = {"round": 1, "t0": 0.0, f"sent_{MessageType.TRAIN}": 6}
@@ -77,15 +88,16 @@ def test_too_few_valid_replies_fail_the_round_and_keep_the_checkpoint(strategy, 
 
 
 def test_client_app_trains_and_evaluates_when_called_directly(tmp_path):
-    cfg = FedNLConfig(model="sandbox-quick:receiver", data="sandbox-quick", max_train=8,
-                      max_test=4, method=MethodConfig(name="fedssi", local_steps=2, batch_size=2))
+    cfg = from_dict(FedNLConfig, {
+        "model": "sandbox-quick:receiver",
+        "data": {"source": "sandbox-quick", "max_train": 8, "max_test": 4},
+        "method": {"name": "fedssi"}, "train": {"local_steps": 2, "batch_size": 2},
+        "outputs": {"client_state_dir": str(tmp_path)}})
     from plasticlm.fednl.setup import initial_theta
 
     theta = initial_theta(cfg)
-    config = ConfigRecord({"server-round": 1, "run-config": cfg.to_json(),
-                           "client-state-dir": str(tmp_path)})
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "num-partitions": 5},
-                  state=RecordDict(), run_config={})
+    config = ROUND_1
+    ctx = run_context(cfg, tmp_path / "run", {"partition-id": 3, "num-partitions": 5})
     msg = Message(metadata=meta(0), content=RecordDict({"arrays": ArrayRecord(theta),
                                                         "config": config}))
     out = client_app(msg, ctx)
@@ -101,30 +113,31 @@ def test_client_app_trains_and_evaluates_when_called_directly(tmp_path):
 
 
 def test_a_node_loads_its_own_model_and_data_and_keeps_its_state_where_it_says(tmp_path):
-    """The server's message names a model and data that do not exist and a state folder of
-    its choosing; a node configured with its own paths uses those and writes nothing where
-    the server said."""
-    cfg = FedNLConfig(model="/nonexistent/model", data="/nonexistent/data", max_train=8,
-                      max_test=4, method=MethodConfig(name="fedssi", local_steps=2, batch_size=2))
+    """The run config names a model and data that do not exist and a state folder of the
+    server's choosing; a node configured with its own paths uses those and writes nothing
+    where the server said."""
+    server_dir, own_dir = tmp_path / "server-chose", tmp_path / "node-chose"
+    cfg = from_dict(FedNLConfig, {
+        "model": "/nonexistent/model",
+        "data": {"source": "/nonexistent/data", "max_train": 8, "max_test": 4},
+        "method": {"name": "fedssi"}, "train": {"local_steps": 2, "batch_size": 2},
+        "outputs": {"client_state_dir": str(server_dir)}})
     from plasticlm.fednl.setup import initial_theta
 
-    theta = initial_theta(FedNLConfig(model="sandbox-quick:receiver", data="sandbox-quick",
-                                      method=cfg.method))
-    server_dir, own_dir = tmp_path / "server-chose", tmp_path / "node-chose"
-    config = ConfigRecord({"server-round": 1, "run-config": cfg.to_json(),
-                           "client-state-dir": str(server_dir)})
+    theta = initial_theta(override(cfg, {"model": "sandbox-quick:receiver",
+                                         "data.source": "sandbox-quick"}))
+    config = ROUND_1
     node = {"partition-id": 1, "num-partitions": 5, "model": "sandbox-quick:receiver",
             "data": "sandbox-quick", "state-dir": str(own_dir)}
-    ctx = Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={})
+    ctx = run_context(cfg, tmp_path / "run", node)
     out = client_app(Message(metadata=meta(0), content=RecordDict(
         {"arrays": ArrayRecord(theta), "config": config})), ctx)
     assert not out.has_error(), out.error
     assert (own_dir / "client1" / "state_0001.safetensors").exists()
     assert not server_dir.exists()
-    # without its own paths the node follows the server's message (here: a model that is not
+    # without its own paths the node follows the run config (here: a model that is not
     # there), as in the simulation
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 5},
-                  state=RecordDict(), run_config={})
+    ctx = run_context(cfg, tmp_path / "run", {"partition-id": 1, "num-partitions": 5})
     with pytest.raises(PlasticError, match="nonexistent"):
         client_app(Message(metadata=meta(0), content=RecordDict(
             {"arrays": ArrayRecord(theta), "config": config})), ctx)

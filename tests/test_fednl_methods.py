@@ -3,12 +3,15 @@
 import pytest
 import torch
 
+from plasticlm.config import override
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_line
 from plasticlm.fednl.aggregate import reply_problem, weighted_mean
+from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.local import local_update
-from plasticlm.fednl.methods import METHODS, MethodConfig, prepare_model
+from plasticlm.fednl.methods import METHODS, prepare_model
+from plasticlm.fednl.sections import TrainConfig
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta, set_theta, trainable
 from plasticlm.models import build_tiny, pack_corpus, train_bpe_tokenizer, train_lm
@@ -50,18 +53,25 @@ def _base(tok):
     return model
 
 
-def fresh(method: str, tok, **kw):
+def run_config(method: str, changes: dict | None = None) -> FedNLConfig:
+    """The tests' run config of ``method`` with dotted-key ``changes``: fednl reads beyond
+    its 8-token window through the memory; the baselines attend fully."""
+    window = 8 if method == "fednl" else 0
+    return override(FedNLConfig(), {
+        "method.name": method, "method.window": window, "method.ala_steps": 2,
+        "train.local_steps": 6, "train.batch_size": 4, "train.lr": 1e-2,
+        "train.full_lr": 1e-2, **(changes or {})})
+
+
+def fresh(method: str, tok, changes: dict | None = None):
+    cfg = run_config(method, changes)
     torch.manual_seed(0)
     model = _base(tok)
-    # fednl reads beyond its 8-token window through the memory; the baselines attend fully
-    window = 8 if method == "fednl" else 0
-    cfg = MethodConfig(name=method, **{**dict(local_steps=6, batch_size=4, ala_steps=2, lr=1e-2,
-                                               full_lr=1e-2, window=window), **kw})
-    return prepare_model(model, cfg), cfg
+    return prepare_model(model, cfg.method, cfg.memory), cfg
 
 
 def test_unknown_method_is_rejected(tok):
-    with pytest.raises(PlasticError, match="unknown method"):
+    with pytest.raises(PlasticError, match="unknown federated method 'fedsgd'; choose one of"):
         fresh("fedsgd", tok)
 
 
@@ -81,8 +91,8 @@ def test_theta_is_exactly_what_each_method_trains(tok):
     assert lora_bytes < sum(v.numel() for v in get_theta(full).values()) / 5
 
 
-def _three_rounds(method, tok, task, **kw):
-    model, cfg = fresh(method, tok, **kw)
+def _three_rounds(method, tok, task, changes: dict | None = None):
+    model, cfg = fresh(method, tok, changes)
     start = get_theta(model)
     acc0 = task.accuracy(model, tok)
     state, theta, first = {}, start, None
@@ -92,7 +102,7 @@ def _three_rounds(method, tok, task, **kw):
     return model, start, theta, acc0, task.accuracy(model, tok), first, metrics["train_loss_last"]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS.names())
 def test_local_update_learns_the_clients_answers(method, tok, task):
     """The base knows the four candidates of each question but not the client's answer:
     three local rounds lower the answer loss and lift accuracy above the base's; at
@@ -102,21 +112,20 @@ def test_local_update_learns_the_clients_answers(method, tok, task):
     assert last < first - 0.05, (first, last)
     assert acc > acc0 and acc >= 0.75, (acc0, acc)
     if method in ("fednl", "fedavg"):
-        *_, acc0_, acc_, first_, last_ = _three_rounds(method, tok, task, lr=1e-9,
-                                                       gate_lr=1e-9, full_lr=1e-9)
+        *_, acc0_, acc_, first_, last_ = _three_rounds(
+            method, tok, task, {"train.lr": 1e-9, "train.gate_lr": 1e-9,
+                                "train.full_lr": 1e-9})
         assert acc_ == acc0_ and not last_ < first_ - 0.05
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS.names())
 def test_a_round_on_a_bfloat16_base_trains_float32_theta(method, tok, task):
     """--dtype bfloat16: the frozen base in bfloat16, theta (memory, LoRA) trained in float32
     and sent as float32 CPU tensors; fedavg-full, which trains every weight, keeps float32.
     Two rounds with personal state (FedALA, FedSSI) run and learn."""
+    cfg = run_config(method)
     torch.manual_seed(0)
-    window = 8 if method == "fednl" else 0
-    cfg = MethodConfig(name=method, local_steps=6, batch_size=4, ala_steps=2, lr=1e-2,
-                       full_lr=1e-2, window=window)
-    model = prepare_model(_base(tok).to(torch.bfloat16), cfg)
+    model = prepare_model(_base(tok).to(torch.bfloat16), cfg.method, cfg.memory)
     base_dtype = next(model.parameters()).dtype
     assert base_dtype == (torch.float32 if method == "fedavg-full" else torch.bfloat16)
     assert {p.dtype for p in trainable(model).values()} == {torch.float32}
@@ -134,22 +143,22 @@ def test_the_memory_gate_opens_within_the_default_budget(tok, task):
     """With the default gate learning rate one local round moves some gate logit by > 0.1
     (at the LoRA rate, 2e-3, Adam moved it by < 0.1 in a whole run); the budget check warns
     when a configuration cannot move the gate."""
-    from plasticlm.fednl.methods import gate_check
-
-    model, cfg = fresh("fednl", tok, lr=MethodConfig.lr, gate_lr=MethodConfig.gate_lr,
-                       local_steps=MethodConfig.local_steps)
+    default = TrainConfig()
+    model, cfg = fresh("fednl", tok, {"train.lr": default.lr, "train.gate_lr": default.gate_lr,
+                                      "train.local_steps": default.local_steps})
     start = get_theta(model)
     theta, _ = local_update(model, tok, task, start, {}, cfg, seed=0)
     moved = max((theta[k] - start[k]).abs().max().item() for k in start if k.endswith("gate_logit"))
     assert moved > 0.1
-    assert gate_check(MethodConfig(), rounds=4) is None
-    assert "gate can move by at most" in gate_check(MethodConfig(gate_lr=2e-3), rounds=4)
+    assert override(FedNLConfig(), {"train.rounds": 4}).gate_warning() is None
+    assert "gate can move by at most" in override(
+        FedNLConfig(), {"train.rounds": 4, "train.gate_lr": 2e-3}).gate_warning()
 
 
 def test_fedprox_stays_closer_to_the_global_theta(tok, task):
     far = {}
     for mu in (0.0, 100.0):
-        model, cfg = fresh("fedprox", tok, prox_mu=mu)
+        model, cfg = fresh("fedprox", tok, {"method.prox_mu": mu})
         g = get_theta(model)
         theta, _ = local_update(model, tok, task, g, {}, cfg, seed=0)
         far[mu] = sum(((theta[k] - g[k]) ** 2).sum().item() for k in g)
@@ -187,14 +196,15 @@ def test_fedssi_penalty_changes_the_second_round_and_vanishes_at_c_zero(tok, tas
     """From the second round on, FedSSI's synaptic-intelligence penalty pulls theta toward
     its anchor: the update differs from the same run without it (si_c = 0), which equals
     plain FedAvg's update step for step."""
-    def two_rounds(method: str, **kw):
-        model, cfg = fresh(method, tok, **kw)
+    def two_rounds(method: str, changes: dict | None = None):
+        model, cfg = fresh(method, tok, changes)
         theta, state = get_theta(model), {}
         for r in range(2):
             theta, _ = local_update(model, tok, task, theta, state, cfg, seed=r)
         return theta
 
-    ssi, no_penalty = two_rounds("fedssi", si_c=10.0), two_rounds("fedssi", si_c=0.0)
+    ssi = two_rounds("fedssi", {"method.si_c": 10.0})
+    no_penalty = two_rounds("fedssi", {"method.si_c": 0.0})
     fedavg = two_rounds("fedavg")
     assert all(torch.equal(no_penalty[k], fedavg[k]) for k in fedavg)
     assert max((ssi[k] - no_penalty[k]).abs().max().item() for k in ssi) > 1e-4
@@ -261,12 +271,12 @@ def test_segmented_training_is_the_parallel_loss_with_the_state_carried(tok, tas
 def test_local_rounds_learn_with_segments(tok, task):
     """Local training in 4-token segments (state carried, gradient truncated) still learns the
     client's answers, and at lr = 1e-9 it does not; segments need a windowed state."""
-    *_, acc0, acc, first, last = _three_rounds("fednl", tok, task, segment_tokens=8)
+    *_, acc0, acc, first, last = _three_rounds("fednl", tok, task, {"train.segment_tokens": 8})
     assert last < first - 0.05 and acc > acc0, (first, last, acc0, acc)
-    *_, acc0_, acc_, first_, last_ = _three_rounds("fednl", tok, task, segment_tokens=8,
-                                                   lr=1e-9, gate_lr=1e-9)
+    *_, acc0_, acc_, first_, last_ = _three_rounds(
+        "fednl", tok, task, {"train.segment_tokens": 8, "train.lr": 1e-9, "train.gate_lr": 1e-9})
     assert acc_ == acc0_ and not last_ < first_ - 0.05
     with pytest.raises(PlasticError, match="segment"):
-        MethodConfig(name="fedavg", window=0, segment_tokens=8)
+        run_config("fedavg", {"method.window": 0, "train.segment_tokens": 8})
     with pytest.raises(PlasticError, match="segment"):
-        MethodConfig(segment_tokens=-1)
+        run_config("fednl", {"train.segment_tokens": -1})
