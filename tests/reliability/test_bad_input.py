@@ -76,7 +76,7 @@ def test_any_override_text_works_or_is_refused_cleanly(key, value):
     (["scol", "experiment", "squad", "--quick", "--set", "eval_length=-1"],
      "config eval_length must be > 0"),
     (["models", "pretrain", "--text", "x.txt", "--out", "OUT", "--set", "steps=0"],
-     "config steps must be > 0"),
+     "config steps: input should be greater than 0, got 0"),
 ])
 def test_zero_and_negative_sizes_are_refused_before_anything_is_written(tmp_path, capsys, argv,
                                                                         message):

@@ -37,6 +37,7 @@ from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.variants import ExperimentConfig as FedNLExperimentConfig
 from plasticlm.memory import attach_memory, from_pretrained, memory_config, save_pretrained
+from plasticlm.memory.mqar_config import MQARConfig
 from plasticlm.models import build_tiny
 from plasticlm.models.llama2c import llama2c_tokenizer, load_llama2c_model
 from plasticlm.refine import Fuser, FuserConfig
@@ -91,7 +92,8 @@ def maybe(strategy):
 CONFIGS = [(FedNLConfig, "fednl/quick"), (FedNLExperimentConfig, "fednl/experiment-quick"),
            (SCoLExperimentConfig, "scol/quick"), (RefineExperimentConfig, None),
            (TransferConfig, "refine/transfer-quick"), (FuserTrainConfig, None),
-           (WorldConfig, None), (TextPretrainConfig, None), (SweepConfig, None)]
+           (WorldConfig, None), (TextPretrainConfig, None), (SweepConfig, None),
+           (MQARConfig, None)]
 LITERALS = ["[1, 2]", "{a = 1}", "1e400", "nan", "-inf", "'''x'''", '"x"', "1\nrounds = 2",
             "[[1]]", "true", "0", "-1", "2024-01-01", "[1, 'a']", "{}", "[]", "'", "9" * 5000]
 
