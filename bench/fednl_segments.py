@@ -13,7 +13,7 @@ equal steps and batch, two ways:
   ``plasticlm fednl experiment niah`` trains on);
 - ``long, segments``: ``--long``-token samples read in ``--segment``-token segments, the
   window cache and memory carried from segment to segment and the gradient cut at each
-  boundary (``MethodConfig.segment_tokens``), so the state the answer is read from has
+  boundary (``train.segment_tokens``), so the state the answer is read from has
   already taken in hundreds of tokens, as it has in use.
 
 Each theta then reads the five client streams (about 4K tokens of unseen entities' passages

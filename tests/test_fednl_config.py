@@ -144,3 +144,29 @@ def test_a_typo_in_a_choice_is_refused_at_load_with_the_choices(setting, choices
             load_config(cls, None, [prefix + setting])
         assert f"config {prefix}{key}:" in str(e.value) and choices in str(e.value)
         assert "\n" not in str(e.value)
+
+
+DOCS = [ROOT / "README.md", ROOT / "docs" / "fednl.md", ROOT / "docs" / "getting-started.md",
+        ROOT / "docs" / "real-models.md", ROOT / "docs" / "results" / "fednl.md",
+        ROOT / "docs" / "reliability.md"]
+
+
+def test_the_docs_fednl_commands_set_keys_that_exist():
+    """Every `--set KEY=...` of a `plasticlm fednl run/compare/experiment` command in the docs
+    names a key of the config it overrides (commands wrapped over lines included)."""
+    import re
+
+    from plasticlm.config import field_docs
+
+    keys = {"run": {k for k, _, _ in field_docs(FedNLConfig)},
+            "experiment": {k for k, _, _ in field_docs(ExperimentConfig)}}
+    keys["compare"] = keys["run"]
+    seen = 0
+    for page in DOCS:
+        text = re.sub(r"\s*\\?\n\s*", " ", page.read_text())
+        for command, rest in re.findall(r"plasticlm fednl (run|compare|experiment)([^`#|]*)",
+                                        text):
+            for key in re.findall(r"--set '?([\w.]+)=", rest):
+                assert key in keys[command], f"{page.name}: fednl {command} --set {key}"
+                seen += 1
+    assert seen >= 10
