@@ -20,8 +20,9 @@ from plasticlm.fednl.stopping import RunStopped, StoppableGrid, StopRequest
 
 ROUNDS = 6
 # two clients and few test questions: the first round (Ray start-up) is the run's cost
-ARGS = ["fednl", "run", "--quick", "--set", "max_test=4", "--set", "split=dirichlet",
-        "--set", "num_clients=2", "--set", f"rounds={ROUNDS}", "--set", "name=stopped"]
+ARGS = ["fednl", "run", "--quick", "--set", "data.max_test=4", "--set", "data.split=dirichlet",
+        "--set", "data.num_clients=2", "--set", f"train.rounds={ROUNDS}", "--set",
+        "name=stopped"]
 STOP_SECONDS = 15.0
 
 
@@ -38,7 +39,8 @@ def stop_after_a_round(out, sig: int, *extra: str) -> tuple[int, str, int]:
     log = out / f"stderr-{sig}.txt"
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "plasticlm.cli", *ARGS, "--set",
-                                 f"out={out}", *extra], stdout=subprocess.DEVNULL, stderr=err,
+                                 f"outputs.out={out}", *extra], stdout=subprocess.DEVNULL,
+                                stderr=err,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                 start_new_session=True)
     try:
