@@ -70,11 +70,11 @@ def test_any_override_text_works_or_is_refused_cleanly(key, value):
 @pytest.mark.parametrize("argv, message", [
     (["data", "niah", "--n", "0", "--out", "OUT"], "--n and --length must be >= 1"),
     (["refine", "train-fuser", "--receiver", "r", "--transmitter", "t", "--out", "OUT",
-      "--set", "epochs=0"], "config epochs must be > 0"),
+      "--set", "epochs=0"], "config epochs: input should be greater than 0, got 0"),
     (["fednl", "run", "--quick", "--set", "train.rounds=0"],
      "config train.rounds: input should be greater than 0, got 0"),
     (["scol", "experiment", "squad", "--quick", "--set", "eval_length=-1"],
-     "config eval_length must be > 0"),
+     "config eval_length: input should be greater than or equal to 1, got -1"),
     (["models", "pretrain", "--text", "x.txt", "--out", "OUT", "--set", "steps=0"],
      "config steps: input should be greater than 0, got 0"),
 ])
