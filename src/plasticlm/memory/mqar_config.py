@@ -24,7 +24,7 @@ class MQARConfig:
 
     steps: int = Field(1000, gt=0, description="training steps of each variant")
     batch: int = Field(32, gt=0, description="examples per step")
-    lr: float = Field(3e-3, gt=0, allow_inf_nan=False, description="peak learning rate "
+    lr: float = Field(3e-3, gt=0, description="peak learning rate "
                       "(one-cycle schedule)")
     seq_len: int = Field(64, gt=0, description="tokens per training example")
     num_kv: int = Field(8, gt=0, description="key-value pairs per training example")

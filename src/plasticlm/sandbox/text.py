@@ -34,7 +34,7 @@ class TextPretrainConfig:
     steps: int = Field(300, gt=0, description="optimiser steps")
     batch_size: int = Field(16, gt=0, description="blocks per step")
     seq_len: int = Field(256, gt=0, description="tokens per training block")
-    lr: float = Field(2e-3, gt=0, allow_inf_nan=False, description="peak learning rate")
+    lr: float = Field(2e-3, gt=0, description="peak learning rate")
     seed: int = Field(0, description="seed of the split, the tokenizer and the model")
     max_docs: int | None = Field(None, gt=0, description="read at most this many documents "
                                  "(default: all)")

@@ -66,7 +66,7 @@ class WorldConfig:
     max_mentions: int = Field(20, ge=0, description="biographies of the rank-1 entity of each "
                               "domain")
     min_mentions: int = Field(4, ge=0, description="biographies of the rarest entities")
-    zipf_exponent: float = Field(1.0, ge=0, allow_inf_nan=False, description="s in "
+    zipf_exponent: float = Field(1.0, ge=0, description="s in "
                                  "mentions(rank) = max(min, round(max * rank**-s))")
     qa_copies: int = Field(2, ge=0, description="copies of the Q/A block of each Q/A core entity")
     # 4 copies + 3 biographies left the specialist at 46-48% per split
