@@ -89,8 +89,6 @@ def test_values_of_the_wrong_type_are_refused_before_any_work():
     assert main(["fednl", "run", "--quick", "--set", "train.rounds=abc"]) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: the config core (pydantic's lax mode) reads "
-                   "true as 1.0 for a float field")
 def test_a_boolean_is_not_a_number():
     with pytest.raises(PlasticError, match="train.lr"):
         load_config(Cfg, None, ["train.lr=true"])

@@ -81,10 +81,24 @@ def from_dict(cls: type[T], data: Any) -> T:
     names the key, what was expected (the choices of a ``Literal``) and what was given."""
     if not isinstance(data, dict):
         raise PlasticError(f"config: expected a table of keys, got {data!r}")
+    _refuse_bool_numbers(cls, data, "")
     try:
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as e:
         raise _refusal(e, cls) from None
+
+
+def _refuse_bool_numbers(cls: type, data: dict, where: str) -> None:
+    """pydantic's lax mode reads ``true`` as 1 for a number: refuse it, as a typo."""
+    fields = getattr(cls, "__pydantic_fields__", {})
+    for key, value in data.items():
+        info = fields.get(key)
+        if info is None:
+            continue
+        if is_config(info.annotation) and isinstance(value, dict):
+            _refuse_bool_numbers(info.annotation, value, f"{where}{key}.")
+        elif isinstance(value, bool) and info.annotation in (int, float):
+            raise PlasticError(f"config {where}{key}: expected a number, got {value!r}")
 
 
 def to_dict(cfg: Any) -> dict:
@@ -250,9 +264,3 @@ def describe(cls: type) -> str:
         return json.dumps(list(d) if isinstance(d, tuple) else d)
     return "\n".join(f"  {k:<{width}}  {shown(d)}" + (f"  {h}" if h else "") for k, d, h in rows)
 
-
-def require_positive(cfg: Any, *names: str) -> None:   # TODO(37): replaced by Field(gt=0)
-    for name in names:
-        value = getattr(cfg, name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value > 0:
-            raise PlasticError(f"config {name} must be > 0, not {value}")
