@@ -2,6 +2,7 @@
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plasticlm.config import from_dict, override
 from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.data.squad import write_squad
 from plasticlm.errors import PlasticError
@@ -178,7 +180,7 @@ def test_stream_consolidation_and_meta_training_resume(tiny, tmp_path):
     before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     meta_train(model, tok, train, cfg, tmp_path / "m", progress=False)
     assert (tmp_path / "m" / "checkpoint" / "model.safetensors").exists()
-    cfg.outer_steps = 2
+    cfg = dataclasses.replace(cfg, outer_steps=2)
     meta_train(model, tok, train, cfg, tmp_path / "m", resume=True, progress=False)
     steps = [json.loads(x)["outer_step"] for x in
              (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
@@ -321,10 +323,10 @@ def test_longbench_experiment_runs_on_items_drawn_from_the_world(tmp_path):
             r["scol"]["accuracy"] - r["base"]["accuracy"])
     table = (tmp_path / "longbench.md").read_text()
     assert "| short | 3 |" in table and "| long | 8 |" in table
+    with pytest.raises(PlasticError, match="longbench_per_length: input should be greater"):
+        override(quick_config(), {"longbench_per_length": -1})
     with pytest.raises(PlasticError, match="longbench_per_length"):
-        replace(quick_config(), longbench_per_length=-1)
-    with pytest.raises(PlasticError, match="longbench_per_length"):
-        replace(quick_config(), longbench_per_length=2, longbench="items.json")
+        override(quick_config(), {"longbench_per_length": 2, "longbench": "items.json"})
 
 
 def test_an_answer_cut_by_a_chunk_boundary_is_still_evidence():
@@ -559,12 +561,12 @@ def _stream(tiny, n=2):
 def test_lora_trains_on_the_context_text_only(tiny, monkeypatch):
     """No question or answer line ever reaches the inner update: every window it trains on
     decodes to the context's own text (selections best and greedy)."""
-    import plasticlm.scol.meta as meta
+    import plasticlm.scol.stream as inner
 
     model, tok, _, _ = tiny
     stream = _stream(tiny)
     seen = []
-    real, real_together = meta.adapt_lora, meta.adapt_lora_together
+    real, real_together = inner.adapt_lora, inner.adapt_lora_together
 
     def spy(model_, layers, windows, cfg, seed=0, **kw):
         seen.append(windows)
@@ -574,8 +576,8 @@ def test_lora_trains_on_the_context_text_only(tiny, monkeypatch):
         seen.append(windows)
         return real_together(model_, sets, windows, cfg, seeds)
 
-    monkeypatch.setattr(meta, "adapt_lora", spy)
-    monkeypatch.setattr(meta, "adapt_lora_together", spy_together)
+    monkeypatch.setattr(inner, "adapt_lora", spy)
+    monkeypatch.setattr(inner, "adapt_lora_together", spy_together)
     cfg = SCoLConfig(k=2, lora=LoraTrainConfig(steps=1), temperature=2.0)
     for selection in ("best", "greedy"):
         consolidate_stream(model, tok, stream, cfg, selection)
@@ -592,12 +594,13 @@ def test_lora_trains_on_the_context_text_only(tiny, monkeypatch):
 def test_supervised_reward_measures_forgetting_of_earlier_contexts(tiny):
     """At context t the reward checks every earlier context's questions in its window,
     before and after the candidate: forgetting = accuracy before - after."""
-    from plasticlm.scol.rewards import RewardProbe
+    from plasticlm.scol.rewards import SupervisedReward, reward_probe
 
     model, tok, _, _ = tiny
     stream = _stream(tiny, 3)
     cfg = SCoLConfig(reward="supervised", forget_window=4, lam=1.0)
-    probe = RewardProbe(model, tok, stream, 2, cfg)
+    probe = reward_probe(model, tok, stream, 2, cfg)
+    assert isinstance(probe, SupervisedReward)
     assert probe.earlier_q == [q for c in stream[:2] for q in c.questions]
     r = probe(model)               # the unchanged model forgets nothing
     assert r.forgetting == pytest.approx(0.0)
@@ -624,8 +627,8 @@ def test_forgetting_can_be_measured_over_the_whole_stream():
     assert any(min(d) < t - 4 for d, t in zip(drawn, range(5, 40)))
     assert earlier_contexts(stream, 30, 4, "all", seed=0) == \
         earlier_contexts(stream, 30, 4, "all", seed=0)
-    with pytest.raises(PlasticError, match="forget_from"):
-        SCoLConfig(forget_from="oldest").check()
+    with pytest.raises(PlasticError, match="forget_from: input should be 'recent' or 'all'"):
+        from_dict(SCoLConfig, {"forget_from": "oldest"})
     with pytest.raises(PlasticError, match="forget_from"):
         earlier_contexts(stream, 30, 4, "oldest")
 
@@ -633,17 +636,17 @@ def test_forgetting_can_be_measured_over_the_whole_stream():
 def test_the_reward_checks_the_earlier_contexts_forget_from_names(tiny):
     """The reward probe asks the questions of the contexts ``forget_from`` names: the last
     ``forget_window`` by default, a draw from the whole stream with "all"."""
-    from plasticlm.scol.rewards import RewardProbe, earlier_contexts
+    from plasticlm.scol.rewards import earlier_contexts, reward_probe
 
     model, tok, _, _ = tiny
     stream = _stream(tiny, 6)
-    recent = RewardProbe(model, tok, stream, 5, SCoLConfig(forget_window=2))
+    recent = reward_probe(model, tok, stream, 5, SCoLConfig(forget_window=2))
     assert recent.earlier == stream[3:5]
     cfg = SCoLConfig(forget_window=2, forget_from="all")
-    drawn = RewardProbe(model, tok, stream, 5, cfg)
+    drawn = reward_probe(model, tok, stream, 5, cfg)
     assert drawn.earlier == earlier_contexts(stream, 5, 2, "all", f"0:{stream[0].id}")
-    assert any(RewardProbe(model, tok, stream, 5, SCoLConfig(forget_window=2, forget_from="all",
-                                                             seed=s)).earlier != recent.earlier
+    assert any(reward_probe(model, tok, stream, 5, SCoLConfig(forget_window=2, forget_from="all",
+                                                              seed=s)).earlier != recent.earlier
                for s in range(4))
     assert drawn.earlier_q == [q for c in drawn.earlier for q in c.questions]
 
@@ -651,18 +654,18 @@ def test_the_reward_checks_the_earlier_contexts_forget_from_names(tiny):
 def test_the_policy_that_chooses_is_the_running_model(tiny, monkeypatch):
     """Each context's action is chosen by the model with every earlier commit in it (the
     policy drifts as it consolidates), never by the stream's starting model."""
-    import plasticlm.scol.meta as meta
+    import plasticlm.scol.selections as selections
 
     model, tok, _, _ = tiny
     stream = _stream(tiny, 3)
     choosers = []
-    real = meta.sample_actions
+    real = selections.sample_actions
 
     def spy(policy, *args, **kw):
         choosers.append({n: p.detach().clone() for n, p in policy.named_parameters()})
         return real(policy, *args, **kw)
 
-    monkeypatch.setattr(meta, "sample_actions", spy)
+    monkeypatch.setattr(selections, "sample_actions", spy)
     cfg = SCoLConfig(lora=LoraTrainConfig(steps=2, lr=1e-2))
     consolidate_stream(model, tok, stream, cfg, "greedy")
     assert len(choosers) == 3

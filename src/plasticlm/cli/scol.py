@@ -64,8 +64,6 @@ def _config(args):
 
 
 def _train(args) -> int:
-    import copy
-
     from plasticlm.data.squad import load_squad
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.meta import meta_train
@@ -76,7 +74,7 @@ def _train(args) -> int:
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))
     train, _ = split_streams(contexts, cfg.train_streams, cfg.stream_length, cfg.eval_length,
                              cfg.seed)
-    meta_train(model, tok, train, copy.deepcopy(cfg.scol), args.out, resume=args.resume,
+    meta_train(model, tok, train, cfg.scol, args.out, resume=args.resume,
                progress=not args.no_progress, replay=replay_pool(cfg, tok))
     print(f"policy checkpoint: {args.out}/checkpoint (metrics: {args.out}/metrics.jsonl)")
     return 0
@@ -98,8 +96,8 @@ def _run(args) -> int:
     from plasticlm.scol.consolidate import float32_master
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.matrix import AccuracyMatrix
-    from plasticlm.scol.meta import consolidate_stream
     from plasticlm.scol.setup import load_model, replay_pool, resolve_world_file
+    from plasticlm.scol.stream import consolidate_stream
 
     cfg = _config(args)
     _check_policy(args.policy)

@@ -34,14 +34,16 @@ import random
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Annotated, Literal
 
 from tqdm.auto import tqdm
 
+from plasticlm.config import Field, configclass, override
 from plasticlm.data.squad import load_squad
-from plasticlm.errors import PlasticError
 from plasticlm.scol.consolidate import (
     MODULES,
     LoraTrainConfig,
+    Unit,
     adapt_lora,
     context_windows,
     num_layers_of,
@@ -56,23 +58,30 @@ from plasticlm.scol.setup import legal_sets, load_model, replay_pool, resolve_wo
 log = logging.getLogger("plasticlm.scol")
 
 
-@dataclass
+@configclass
 class SweepConfig:
     """The grid; every combination runs."""
 
-    modules: tuple[str, ...] = ("attention", "mlp", "all")
-    steps: tuple[int, ...] = (4, 12)
-    lr: tuple[float, ...] = (1e-3, 3e-3)
-    rank: tuple[int, ...] = (8,)
-    replay: tuple[int, ...] = (0, 4)
-    max_layers: int = 2
-    layers: str = "random"       # random (1..max_layers per context) | last (the last layer)
-    keep_legal: float = 0.9      # a setting must keep this share of the untouched legal rate
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.layers not in ("random", "last"):
-            raise PlasticError(f"sweep layers must be 'random' or 'last', not {self.layers!r}")
+    modules: tuple[Unit, ...] = Field(("attention", "mlp", "all"), min_length=1,
+                                      description="units LoRA adapts (scol.lora's "
+                                      "target_modules by unit)")
+    steps: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        (4, 12), min_length=1, description="inner-update steps per context")
+    lr: tuple[Annotated[float, Field(gt=0)], ...] = Field(
+        (1e-3, 3e-3), min_length=1, description="inner-update learning rates")
+    rank: tuple[Annotated[int, Field(ge=1)], ...] = Field((8,), min_length=1,
+                                                         description="LoRA ranks (alpha = 2 "
+                                                         "x rank)")
+    replay: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        (0, 4), min_length=1, description="generic-text windows replayed per update")
+    max_layers: int = Field(2, ge=1, description="random layers: at most this many per "
+                            "context")
+    layers: Literal["random", "last"] = Field(
+        "random", description="random (1..max_layers per context, drawn by seed) or last "
+        "(the last layer for every context)")
+    keep_legal: float = Field(0.9, ge=0, le=1, description="a setting must keep this share "
+                              "of the untouched model's legal-answer rate")
+    seed: int = Field(0, ge=0, description="seed of the layer draws and the LoRA updates")
 
     def settings(self) -> list[dict]:
         return [{"modules": m, "steps": s, "lr": lr, "rank": r, "replay": rp}
@@ -142,9 +151,7 @@ def run_sweep(cfg, sweep: SweepConfig, out: str | Path, progress: bool = True) -
     untouched.add_row(base, tok, len(stream) - 1)
     base_legal = untouched.legal[-1] or 0.0
     base_summary = untouched.summary()
-    with_pool = copy.deepcopy(cfg)
-    with_pool.scol.lora.replay = max(sweep.replay)
-    pool = replay_pool(with_pool, tok)
+    pool = replay_pool(override(cfg, {"scol.lora.replay": max(sweep.replay)}), tok)
     results = []
     for setting in tqdm(sweep.settings(), desc="inner-update sweep", disable=not progress):
         r = run_setting(base, tok, stream, lora_config(cfg.scol.lora, setting), layer_sets,

@@ -9,12 +9,13 @@ rounded away in low precision (the running model is kept in float32).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 
+from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.eval.lm_head import chunked_cross_entropy, hidden_states
 
@@ -24,27 +25,33 @@ from plasticlm.eval.lm_head import chunked_cross_entropy, hidden_states
 # single-layer update of the attention projections writes almost nothing a question can read
 # (bench/results/scol_depth.md); one of the MLP does (lr 3e-3, 30 steps), and without generic
 # replay a stream of such updates breaks the model (legal answers 58% -> 0-18% at lr >= 3e-3).
-# The projections a LoRA update can target, by unit (names of Llama/Qwen2/Qwen3 modules).
+# The projections a LoRA update can target (names of Llama/Qwen2/Qwen3 modules), by unit.
+Projection = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj"]
 MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
            "mlp": ("gate_proj", "up_proj", "down_proj"),
-           "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+           "all": get_args(Projection)}
+Unit = Literal[tuple(MODULES)]     # a key of MODULES, as a config choice
 DEFAULT_TARGETS = MODULES["mlp"]
 
 
-@dataclass
+@configclass
 class LoraTrainConfig:
     """LoRA adaptation of one context: rank, scale, optimiser and steps."""
 
-    rank: int = 8
-    alpha: float = 16.0
-    lr: float = 1e-3
-    steps: int = 12
-    target_modules: tuple[str, ...] = DEFAULT_TARGETS
-    max_tokens: int = 256       # longer contexts are cut into windows of this many tokens
-    grad_clip: float = 1.0
-    # windows of generic text trained beside each context (0: none; where the data has no
-    # generic corpus, as with a real SQuAD file, there is nothing to replay)
-    replay: int = 4
+    rank: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (scale = alpha / rank)")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the inner update")
+    steps: int = Field(12, ge=1, description="optimiser steps per context")
+    target_modules: tuple[Projection, ...] = Field(
+        DEFAULT_TARGETS, min_length=1, description="projections LoRA adapts in each chosen "
+        "layer")
+    max_tokens: int = Field(256, ge=2, description="longer contexts are cut into windows of "
+                            "this many tokens")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip of each step")
+    replay: int = Field(4, ge=0, description="windows of generic text trained beside each "
+                        "context (0: none; where the data has no generic corpus, as with a "
+                        "real SQuAD file, there is nothing to replay)")
 
 
 def num_layers_of(model) -> int:

@@ -1,23 +1,14 @@
-"""Streams of contexts for SCoL: SQuAD-format passages and chunked long documents."""
+"""Streams of contexts for SCoL: SQuAD-format passages and chunked long documents (the
+records themselves, :class:`Context` and :class:`Question`, live in ``scol.records``)."""
 
 from __future__ import annotations
 
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from plasticlm.errors import PlasticError
-from plasticlm.scol.rewards import Question
-
-
-@dataclass(frozen=True)
-class Context:
-    """One context of a stream and the closed-book questions about it (may be none)."""
-
-    id: str
-    text: str
-    questions: tuple[Question, ...] = ()
+from plasticlm.scol.records import Context, Question
 
 
 def contexts_from_passages(passages, legal: Callable[[str], tuple[str, ...]] | None = None,

@@ -12,33 +12,28 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from plasticlm.config import deep_update
 from plasticlm.data.squad import load_squad
-from plasticlm.errors import PlasticError
 from plasticlm.runs import read_metrics
-from plasticlm.scol.baselines import batch_ttt, in_context_prefix, running_summaries
+from plasticlm.scol.baselines import METHODS
 from plasticlm.scol.consolidate import num_layers_of
-from plasticlm.scol.contexts import Context, contexts_from_passages, split_streams
+from plasticlm.scol.contexts import contexts_from_passages, split_streams
 from plasticlm.scol.ipo import pair_accuracy
 from plasticlm.scol.matrix import AccuracyMatrix
-from plasticlm.scol.meta import (
-    action_stats,
-    consolidate_stream,
-    meta_train,
-)
+from plasticlm.scol.meta import meta_train
+from plasticlm.scol.plots import plot_squad
+from plasticlm.scol.records import Context
 from plasticlm.scol.report import (
     PAPER,
-    plot_squad,
     seeds_markdown,
     squad_markdown,
     summarise_seeds,
 )
 from plasticlm.scol.setup import (
-    METHODS,
     ExperimentConfig,
     legal_sets,
     load_model,
@@ -46,92 +41,20 @@ from plasticlm.scol.setup import (
     resolve_world_file,
     swap_names,
 )
-
-
-def _consolidating(selection: str, policy: str | None = None, layers=None) -> Callable:
-    """A method that commits a LoRA update per context with a layer-selection rule, starting
-    from a meta-trained ``policy`` (None: the untouched model); ``layers(base, policies)``
-    gives a fixed rule's layers."""
-    def run(name, mat, base, policies, tokenizer, stream, cfg, replay):
-        start = policies.get(policy, base) if policy else base
-        _, records, _ = consolidate_stream(
-            copy.deepcopy(start), tokenizer, stream, copy.deepcopy(cfg.scol), selection,
-            on_commit=lambda t, model: mat.add_row(model, tokenizer, t, full=_full_row(t, cfg)),
-            desc=name,
-            layers=layers(base, policies) if layers else None, replay=replay)
-        return records
-    return run
-
-
-def _full_row(t: int, cfg: ExperimentConfig) -> bool:
-    return (t + 1) % cfg.full_rows_every == 0
-
-
-def _batch_ttt(name, mat, base, policies, tokenizer, stream, cfg, replay):
-    trained = batch_ttt(base, tokenizer, stream, cfg.scol.lora, cfg.seed)
-    # One training run on all contexts: only the last row exists; the diagonal of a single
-    # row is its last entry, so immediate is reported from the same run.
-    mat.add_row(trained, tokenizer, len(stream) - 1)
-    mat.em = [mat.em[0][: i + 1] for i in range(len(stream) - 1)] + mat.em
-    mat.f1 = [mat.f1[0][: i + 1] for i in range(len(stream) - 1)] + mat.f1
-    if mat.swap_last:
-        mat.swap_diag = list(mat.swap_last)
-
-
-def _prompting(name, mat, base, policies, tokenizer, stream, cfg, replay):
-    for t in range(len(stream)):
-        mat.add_row(base, tokenizer, t, in_context_prefix(tokenizer, stream[: t + 1],
-                                                          cfg.prompt_tokens),
-                    full=_full_row(t, cfg))
-
-
-def _summarisation(name, mat, base, policies, tokenizer, stream, cfg, replay):
-    for t, note in enumerate(running_summaries(base, tokenizer, stream)):
-        mat.add_row(base, tokenizer, t, note + "\n" if note else "", full=_full_row(t, cfg))
-
-
-# Each method fills an accuracy matrix over the evaluation stream; those that commit
-# updates return their step records. The names are setup.METHODS, labels report.LABELS.
-RUNNERS: dict[str, Callable] = {
-    "scol": _consolidating("greedy", "scol"),
-    "untrained_policy": _consolidating("greedy"),
-    "fixed_last": _consolidating("fixed", layers=lambda base, p: (num_layers_of(base) - 1,)),
-    "fixed_best": _consolidating("fixed", layers=lambda base, p: (p.get("best_layer", 0),)),
-    "scol_random": _consolidating("random", "scol"),
-    "scol_lambda0": _consolidating("greedy", "scol_lambda0"),
-    "sequential_ft": _consolidating("all"),
-    "batch_ttt": _batch_ttt,
-    "prompting": _prompting,
-    "summarisation": _summarisation,
-}
+from plasticlm.scol.stream import action_stats, consolidate_stream
 
 
 def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
                      cfg: ExperimentConfig, replay=None) -> tuple[AccuracyMatrix, list | None]:
-    if name not in RUNNERS:
-        raise PlasticError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     mat = AccuracyMatrix(stream)
-    records = RUNNERS[name](name, mat, base, policies, tokenizer, stream, cfg, replay)
+    records = METHODS[name].run(name, mat, base, policies, tokenizer, stream, cfg, replay)
     return mat, records
 
 
-def best_fixed_layer(base, tokenizer, train: Sequence[Sequence[Context]],
-                     cfg: ExperimentConfig, replay=None) -> list[float]:
-    """Per layer, the mean over the training streams of (immediate + retention) / 2 (F1)
-    when every context commits that one layer: the fixed rule a policy must beat, chosen on
-    the same streams the policy meta-trains on."""
-    scores = []
-    for layer in range(num_layers_of(base)):
-        per_stream = []
-        for s in train:
-            mat = AccuracyMatrix(s)
-            consolidate_stream(copy.deepcopy(base), tokenizer, s, copy.deepcopy(cfg.scol),
-                               "fixed", on_commit=lambda t, m, mat=mat: mat.add_row(m, tokenizer, t),
-                               layers=(layer,), desc=f"fixed layer {layer}", replay=replay)
-            f1 = mat.summary()["f1"]
-            per_stream.append(((f1["immediate"] or 0) + (f1["retention"] or 0)) / 2)
-        scores.append(sum(per_stream) / max(1, len(per_stream)))
-    return scores
+def _policies_needed(cfg: ExperimentConfig) -> list[str]:
+    """The meta-trained policies the chosen methods start from (each named after the method
+    that owns it), in the registry's order."""
+    return [p for p in METHODS.names() if any(METHODS[m].policy == p for m in cfg.methods)]
 
 
 def same_config(stored: dict | None, cfg: ExperimentConfig) -> bool:
@@ -180,10 +103,6 @@ def run_squad(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> 
 def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True) -> dict:
     """One seed of the SQuAD experiment; writes ``report.json``, ``report.md`` and plots
     under ``out``."""
-    unknown = [m for m in cfg.methods if m not in METHODS]
-    if unknown:
-        raise PlasticError(f"unknown method(s) {', '.join(unknown)}; choose from "
-                           f"{', '.join(METHODS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -205,15 +124,10 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     report["base_swap_last"] = base_mat.swap_last
 
     policies: dict = {}
-    needs = {"scol": cfg.scol.lam, "scol_random": cfg.scol.lam, "scol_lambda0": 0.0}
-    for name in ("scol", "scol_lambda0"):
-        if not any(m in cfg.methods for m in needs if needs[m] == needs[name]):
-            continue
+    for name in _policies_needed(cfg):
         t = time.time()
-        mcfg = replace(cfg.scol, lam=needs[name])
-        if name == "scol_lambda0" and cfg.lambda0_outer_steps >= 0:
-            mcfg = replace(mcfg, outer_steps=cfg.lambda0_outer_steps)
-        policies[name] = meta_train(copy.deepcopy(base), tok, train, mcfg, out / f"meta_{name}",
+        policies[name] = meta_train(copy.deepcopy(base), tok, train,
+                                    METHODS[name].meta_config(cfg), out / f"meta_{name}",
                                     progress=progress, replay=replay)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = read_metrics(out / f"meta_{name}" / "metrics.jsonl")
@@ -222,19 +136,18 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
         # Held-out preference pairs: best-of-K on the evaluation stream from the untouched
         # model (its rewards score candidates, nothing trains on them); does the meta-trained
         # policy rank them better than the untrained one?
-        _, _, held = consolidate_stream(copy.deepcopy(base), tok, stream, copy.deepcopy(cfg.scol),
-                                        "best", desc="held-out pairs", replay=replay)
+        _, _, held = consolidate_stream(copy.deepcopy(base), tok, stream, cfg.scol, "best",
+                                        desc="held-out pairs", replay=replay)
         if held:
             report["held_out_pairs"] = {
                 "n": len(held), "trained": pair_accuracy(policies["scol"], tok, held, cfg.scol.max_layers),
                 "untrained": pair_accuracy(base, tok, held, cfg.scol.max_layers)}
 
-    if "fixed_best" in cfg.methods:
-        t = time.time()
-        per_layer = best_fixed_layer(base, tok, train, cfg, replay)
-        policies["best_layer"] = max(range(n_layers), key=per_layer.__getitem__)
-        report["fixed_best"] = {"layer": policies["best_layer"], "train_score": per_layer}
-        report["seconds"]["choose_fixed_best"] = round(time.time() - t, 1)
+    for name in dict.fromkeys(cfg.methods):   # work on the training streams (fixed_best's)
+        if METHODS[name].prepare is not None:
+            t = time.time()
+            METHODS[name].prepare(base, tok, train, cfg, replay, policies, report)
+            report["seconds"][f"choose_{name}"] = round(time.time() - t, 1)
 
     for name in cfg.methods:
         t = time.time()

@@ -25,9 +25,10 @@ from plasticlm.eval import encode_with_bos
 from plasticlm.models import load_causal_lm
 from plasticlm.scol.consolidate import float32_master, num_layers_of
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
-from plasticlm.scol.meta import action_stats, consolidate_stream
-from plasticlm.scol.report import PAPER, plot_fisher
+from plasticlm.scol.plots import plot_fisher
+from plasticlm.scol.report import PAPER
 from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
+from plasticlm.scol.stream import action_stats, consolidate_stream
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
@@ -120,8 +121,8 @@ def run_fisher(cfg: ExperimentConfig, out: str | Path, policy_path: str | None =
             fisher_by_t[t + 1] = layer_fisher(model, tok, stream[t + 1].text)
 
     fisher_by_t[0] = layer_fisher(policy, tok, stream[0].text)
-    _, records, _ = consolidate_stream(copy.deepcopy(policy), tok, stream, copy.deepcopy(cfg.scol),
-                                       "greedy", on_commit=before_commit_fisher, desc="fisher")
+    _, records, _ = consolidate_stream(copy.deepcopy(policy), tok, stream, cfg.scol, "greedy",
+                                       on_commit=before_commit_fisher, desc="fisher")
     for r in records:
         f = fisher_by_t[r.index]
         top = top_layers(f, cfg.fisher_top or len(r.layers))

@@ -12,8 +12,9 @@ from pathlib import Path
 from plasticlm.errors import PlasticError
 from plasticlm.eval import CI, MCConfig, bootstrap_ci, evaluate_mc_items, format_ci
 from plasticlm.scol.contexts import chunk_text, evidence_window
-from plasticlm.scol.meta import consolidate_stream, meta_train
+from plasticlm.scol.meta import meta_train
 from plasticlm.scol.setup import ExperimentConfig, load_model, longbench_items
+from plasticlm.scol.stream import consolidate_stream
 
 
 def _mc_correct(model, tokenizer, item) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from plasticlm.eval import closed_set_accuracy, is_legal, normalize_answer, squad_score
-from plasticlm.scol.contexts import Context
-from plasticlm.scol.rewards import Question, qa_answers, qa_prompt
+from plasticlm.scol.records import Context, Question
+from plasticlm.scol.rewards import qa_answers, qa_prompt
 
 
 class AccuracyMatrix:

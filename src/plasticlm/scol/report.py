@@ -1,36 +1,27 @@
-"""SCoL's tables, plots and the paper's numbers: one seed's table, the seed-pooled table with
-its controls, the accuracy matrices, the layer histogram and the Fisher plot."""
+"""SCoL's tables and the paper's numbers: one seed's table, the seed-pooled table with its
+controls (the methods' labels and paper numbers come from their registry, ``METHODS``)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
-
-import numpy as np
 
 from plasticlm.eval import format_summary, paired_summary, pooled_bootstrap_ci
-from plasticlm.plotting import plt
+from plasticlm.scol.baselines import METHODS
 
-# What each method is, as the tables name it (batch TTT trains once on the whole stream:
-# its "immediate" is its final accuracy).
-LABELS = {"scol": "SCoL (meta-trained policy, greedy)",
-          "untrained_policy": "untrained policy, greedy",
-          "fixed_last": "fixed: last layer", "fixed_best": "fixed: best single layer (train)",
-          "scol_random": "random layers (same sizes)", "scol_lambda0": "SCoL lambda = 0",
-          "sequential_ft": "sequential fine-tuning (all layers)",
-          "batch_ttt": "batch test-time training (final)",
-          "prompting": "context in the prompt", "summarisation": "running notes in the prompt"}
+# The SCoL paper (Self-Consolidating Language Models; Qwen-scale models, SQuAD, 100 passages,
+# LLM-judge accuracy): each method's numbers, where it reports them, and the Fisher recall.
+PAPER = {**{name: m.paper for name, m in METHODS.items() if m.paper},
+         "fisher_recall": {"selected": 0.451, "random": 0.357}}
 
 
-PAPER = {  # the SCoL paper (Self-Consolidating Language Models; Qwen-scale models, SQuAD, 100
-    # passages, LLM-judge accuracy)
-    "scol": {"immediate": 0.3540, "retention": 0.2046},
-    "scol_lambda0": {"immediate": 0.3430, "retention": 0.1464},
-    "sequential_ft": {"retention": 0.0130},
-    "prompting": {"immediate": 0.2817},
-    "batch_ttt": {"immediate": 0.2652},
-    "fisher_recall": {"selected": 0.451, "random": 0.357},
-}
+def label(name: str) -> str:
+    """How the tables name a method (a name no longer registered stands for itself)."""
+    return METHODS[name].label if name in METHODS else name
+
+
+def from_policy(name: str) -> bool:
+    """Whether a method's layers are chosen by a meta-trained policy (its histogram shows)."""
+    return name in METHODS and METHODS[name].policy is not None
 
 
 def _cells(report: dict, name: str) -> tuple[list[float], list[float]]:
@@ -137,7 +128,7 @@ def seeds_markdown(report: dict) -> str:
             "immediate", "immediate_swapped", "retention", "retention_swapped",
             "retention_minus_base", "retention_minus_untrained_policy",
             "retention_minus_fixed_last", "immediate_minus_sequential_ft"))
-        lines.append(f"| {LABELS.get(name, name)} | {cells} | {legal} | "
+        lines.append(f"| {label(name)} | {cells} | {legal} | "
                      f"{_pct(p.get('immediate'))} | {_pct(p.get('retention'))} |")
     lines += ["", "Entity swapped: the same questions about an unseen entity of the same kind; "
               "what remains is what the template, the value set and recency give without "
@@ -166,7 +157,7 @@ def seeds_markdown(report: dict) -> str:
                 return "- (no gain)"
             return f"{100 * e[swapped]['mean'] / e[own]['mean']:.0f}%"
         for name, e in gains.items():
-            lines.append(f"| {LABELS.get(name, name)} | "
+            lines.append(f"| {label(name)} | "
                          f"{format_summary(e, 'immediate_minus_base')} | "
                          f"{format_summary(e, 'immediate_swapped_minus_base')} | "
                          f"{share(e, 'immediate_minus_base', 'immediate_swapped_minus_base')} | "
@@ -186,7 +177,7 @@ def seeds_markdown(report: dict) -> str:
             cells = " | ".join(format_summary(e, k) for k in (
                 "mc_immediate", "mc_retention", "mc_retention_minus_base",
                 "mc_retention_minus_untrained_policy", "mc_retention_minus_fixed_last"))
-            lines.append(f"| {LABELS.get(name, name)} | {cells} | {100 * e['mc_chance']:.1f} |")
+            lines.append(f"| {label(name)} | {cells} | {100 * e['mc_chance']:.1f} |")
     held = report.get("held_out_pairs")
     if held:
         lines.append(f"- Held-out preference pairs (best-of-K on the evaluation streams, "
@@ -195,7 +186,7 @@ def seeds_markdown(report: dict) -> str:
                      f"{100 * held['untrained']:.1f}% (target > 60%).")
     for name, e in report["summary"].items():
         if "layer_histogram" in e:
-            lines.append(f"- {LABELS.get(name, name)}: layers chosen, summed over seeds "
+            lines.append(f"- {label(name)}: layers chosen, summed over seeds "
                          f"{e['layer_histogram']}")
     return "\n".join(lines) + "\n"
 
@@ -218,74 +209,7 @@ def squad_markdown(report: dict) -> str:
     lines.append("")
     lines.append(f"Closed-book EM of the untouched model on the evaluation stream: "
                  f"{_pct(report['base_closed_book'])}. Layers: {report['num_layers']}.")
-    for name in ("scol", "scol_random", "scol_lambda0"):
+    for name in filter(from_policy, METHODS.names()):
         if name in report["methods"] and "layer_histogram" in report["methods"][name]:
             lines.append(f"{name} layer histogram: {report['methods'][name]['layer_histogram']}")
     return "\n".join(lines) + "\n"
-
-
-def plot_squad(report: dict, out: Path) -> None:
-    """``matrices.png`` (one EM matrix per method), ``summary.png`` (bars vs the paper) and
-    ``layers.png`` (histogram of selected layers)."""
-
-    methods = list(report["methods"])
-    fig, axes = plt.subplots(1, len(methods), figsize=(3 * len(methods), 3), squeeze=False)
-    for ax, name in zip(axes[0], methods):
-        m = report["methods"][name]["matrix_em"]
-        n = len(m)
-        grid = np.full((n, n), np.nan)
-        for r, row in enumerate(m):
-            grid[r, : len(row)] = row
-        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(name, fontsize=8)
-        ax.set_xlabel("context")
-        ax.set_ylabel("after commit")
-    fig.tight_layout()
-    fig.savefig(out / "matrices.png", dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    x = np.arange(len(methods))
-    imm = [report["methods"][k]["em"]["immediate"] or 0 for k in methods]
-    ret = [report["methods"][k]["em"]["retention"] or 0 for k in methods]
-    pimm = [PAPER.get(k, {}).get("immediate", np.nan) for k in methods]
-    pret = [PAPER.get(k, {}).get("retention", np.nan) for k in methods]
-    ax.bar(x - 0.3, imm, 0.2, label="immediate (here)")
-    ax.bar(x - 0.1, ret, 0.2, label="retention (here)")
-    ax.bar(x + 0.1, pimm, 0.2, label="immediate (paper)", alpha=0.5)
-    ax.bar(x + 0.3, pret, 0.2, label="retention (paper)", alpha=0.5)
-    ax.set_xticks(x, methods, rotation=20, fontsize=8)
-    ax.set_ylabel("exact match")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "summary.png", dpi=100)
-    plt.close(fig)
-
-    hist = {k: v["layer_histogram"] for k, v in report["methods"].items()
-            if "layer_histogram" in v and k.startswith("scol")}
-    if hist:
-        fig, ax = plt.subplots(figsize=(5, 3))
-        width = 0.8 / len(hist)
-        for j, (k, h) in enumerate(hist.items()):
-            ax.bar(np.arange(len(h)) + j * width, h, width, label=k)
-        ax.set_xlabel("layer")
-        ax.set_ylabel("times selected")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "layers.png", dpi=100)
-        plt.close(fig)
-
-
-def plot_fisher(report: dict, out: Path) -> None:
-
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-    n = len(report["mean_fisher"])
-    axes[0].bar(range(n), report["mean_fisher"])
-    axes[0].set_title("mean empirical Fisher per layer", fontsize=9)
-    axes[0].set_xlabel("layer")
-    axes[1].bar(range(n), report["layer_histogram"])
-    axes[1].set_title("policy selections per layer", fontsize=9)
-    axes[1].set_xlabel("layer")
-    fig.tight_layout()
-    fig.savefig(out / "fisher.png", dpi=100)
-    plt.close(fig)

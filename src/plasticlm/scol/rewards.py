@@ -1,4 +1,6 @@
-"""Rewards = acquisition - lambda * forgetting, supervised (QA) or intrinsic (likelihood).
+"""Rewards = acquisition - lambda * forgetting: one registered class per reward (``REWARDS``,
+the only list of them; ``scol.reward`` names one), supervised (QA) or intrinsic (likelihood).
+Add a reward with ``@REWARDS.register(name)`` on a :class:`RewardProbe` subclass.
 
 Closed-book QA: the model greedily continues ``Q: <question> A:`` (the one QA template,
 :func:`plasticlm.eval.qa_prompt`) and the answer, cut at the first newline or full stop, is
@@ -10,38 +12,28 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal, get_args
 
 import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import generate_texts, squad_score
 from plasticlm.eval import qa_prompt as template_prompt
+from plasticlm.registry import Registry
 from plasticlm.scol.consolidate import context_windows, lm_loss
+from plasticlm.scol.records import Context, Question, Reward
 
-if TYPE_CHECKING:
-    from plasticlm.scol.contexts import Context
+__all__ = ["ANSWER_STOPS", "FORGET_FROM", "REWARDS", "Context", "ForgetFrom", "IntrinsicReward",
+           "QAMetric", "Question", "Reward", "RewardProbe", "SupervisedReward", "context_nll",
+           "earlier_contexts", "intrinsic_reward", "qa_accuracy", "qa_answers", "qa_prompt",
+           "qa_scores", "reward_probe", "supervised_reward"]
 
 ANSWER_STOPS = ("\n", ".", " Q:")
-
-
-@dataclass(frozen=True)
-class Question:
-    """A closed-book question about one context and its gold answers."""
-
-    question: str
-    answers: tuple[str, ...]
-    legal: tuple[str, ...] = ()    # the closed set of legal answers; empty when open
-    swapped: str = ""              # the same question about an unseen entity (a control)
-
-
-@dataclass(frozen=True)
-class Reward:
-    acquisition: float
-    forgetting: float
-    total: float
-
+QAMetric = Literal["em", "f1"]
+# which earlier contexts the forgetting term checks: the last forget_window ("recent"), or
+# forget_window drawn from every earlier context of the stream ("all")
+ForgetFrom = Literal["recent", "all"]
+FORGET_FROM = get_args(ForgetFrom)
 
 def qa_prompt(question: str, prefix: str = "") -> str:
     """:func:`plasticlm.eval.qa_prompt` after ``prefix`` (in-context baselines put contexts
@@ -70,7 +62,7 @@ def qa_scores(model, tokenizer, questions: Sequence[Question], prefix: str = "",
 def qa_accuracy(model, tokenizer, questions: Sequence[Question], metric: str = "f1",
                 prefix: str = "") -> float:
     """Mean exact match or F1 in [0, 1] over ``questions``."""
-    if metric not in ("em", "f1"):
+    if metric not in get_args(QAMetric):
         raise PlasticError(f"QA metric must be 'em' or 'f1', not {metric!r}")
     scores = qa_scores(model, tokenizer, questions, prefix)
     if not scores:
@@ -109,9 +101,6 @@ def context_nll(model, windows: torch.Tensor) -> float:
     return float(lm_loss(model, windows))
 
 
-FORGET_FROM = ("recent", "all")   # which earlier contexts the forgetting term checks
-
-
 def earlier_contexts(contexts: Sequence[Context], t: int, n: int, source: str = "recent",
                      seed: int | str = 0) -> list[Context]:
     """The earlier contexts whose forgetting context ``t``'s reward measures: the last ``n``
@@ -125,8 +114,14 @@ def earlier_contexts(contexts: Sequence[Context], t: int, n: int, source: str = 
     return [contexts[i] for i in sorted(picks)]
 
 
+REWARDS: Registry[type[RewardProbe]] = Registry("SCoL reward")
+
+
 class RewardProbe:
-    """Measures a candidate's reward against the running model before the commit."""
+    """A reward of context ``t``'s candidates: what it needs is measured on the running model
+    before the commit (construction), then each adapted candidate is scored (a call). The
+    registered subclasses are the rewards; :func:`reward_probe` builds the one ``cfg.reward``
+    names."""
 
     def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
         self.tokenizer, self.cfg, self.context = tokenizer, cfg, contexts[t]
@@ -134,26 +129,51 @@ class RewardProbe:
         self.earlier = earlier_contexts(contexts, t, cfg.forget_window, cfg.forget_from,
                                         f"{cfg.seed}:{contexts[0].id}")
         self.windows = context_windows(tokenizer, self.context.text, cfg.lora.max_tokens)
-        if cfg.reward == "supervised":
-            if not self.context.questions:
-                raise PlasticError(f"context {self.context.id!r} has no questions; the "
-                                   "supervised reward needs them (use reward=intrinsic)")
-            self.earlier_q = [q for c in self.earlier for q in c.questions]
-            self.before = (qa_accuracy(model, tokenizer, self.earlier_q, cfg.qa_metric)
-                           if self.earlier_q else None)
-        else:
-            self.earlier_w = [context_windows(tokenizer, c.text, cfg.lora.max_tokens)
-                              for c in self.earlier]
-            self.cur_before = context_nll(model, self.windows)
-            self.before_list = [context_nll(model, w) for w in self.earlier_w]
+
+    def __call__(self, adapted) -> Reward:
+        raise NotImplementedError
+
+
+@REWARDS.register("supervised")
+class SupervisedReward(RewardProbe):
+    """QA score (``cfg.qa_metric``) on the context's questions minus lambda times the score's
+    drop on the earlier contexts' questions: needs questions."""
+
+    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
+        super().__init__(model, tokenizer, contexts, t, cfg)
+        if not self.context.questions:
+            raise PlasticError(f"context {self.context.id!r} has no questions; the "
+                               "supervised reward needs them (use reward=intrinsic)")
+        self.earlier_q = [q for c in self.earlier for q in c.questions]
+        self.before = (qa_accuracy(model, tokenizer, self.earlier_q, cfg.qa_metric)
+                       if self.earlier_q else None)
 
     def __call__(self, adapted) -> Reward:
         cfg = self.cfg
-        if cfg.reward == "supervised":
-            acc = qa_accuracy(adapted, self.tokenizer, self.context.questions, cfg.qa_metric)
-            after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
-                     if self.earlier_q else None)
-            return supervised_reward(acc, self.before, after, cfg.lam)
+        acc = qa_accuracy(adapted, self.tokenizer, self.context.questions, cfg.qa_metric)
+        after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
+                 if self.earlier_q else None)
+        return supervised_reward(acc, self.before, after, cfg.lam)
+
+
+@REWARDS.register("intrinsic")
+class IntrinsicReward(RewardProbe):
+    """Likelihood gain on the context's text minus lambda times the normalised likelihood
+    drop on the earlier contexts' texts: needs no questions."""
+
+    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
+        super().__init__(model, tokenizer, contexts, t, cfg)
+        self.earlier_w = [context_windows(tokenizer, c.text, cfg.lora.max_tokens)
+                          for c in self.earlier]
+        self.cur_before = context_nll(model, self.windows)
+        self.before_list = [context_nll(model, w) for w in self.earlier_w]
+
+    def __call__(self, adapted) -> Reward:
         return intrinsic_reward(self.cur_before, context_nll(adapted, self.windows),
                                 self.before_list,
-                                [context_nll(adapted, w) for w in self.earlier_w], cfg.lam)
+                                [context_nll(adapted, w) for w in self.earlier_w], self.cfg.lam)
+
+
+def reward_probe(model, tokenizer, contexts: Sequence[Context], t: int, cfg) -> RewardProbe:
+    """The reward ``cfg.reward`` names, measured before context ``t``'s commit."""
+    return REWARDS[cfg.reward](model, tokenizer, contexts, t, cfg)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
 
-from plasticlm.config import load_config, preset_path, require_positive
+from plasticlm.config import Field, configclass, load_config, preset_path
 from plasticlm.data.corpus import load_text_corpus
 from plasticlm.data.longbench import load_longbench
 from plasticlm.data.records import LongItem
@@ -19,6 +19,7 @@ from plasticlm.eval import swap_entity
 from plasticlm.models import load_causal_lm
 from plasticlm.runtime import dtype_name, pick_dtype, set_threads
 from plasticlm.sandbox import (
+    PRESETS,
     generate_world,
     get_preset,
     long_items,
@@ -27,58 +28,62 @@ from plasticlm.sandbox import (
 )
 from plasticlm.sandbox.domains import KINDS, entity_name
 from plasticlm.sandbox.world_index import closed_value_sets, read_world_index
+from plasticlm.scol.baselines import METHODS
+from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
-from plasticlm.scol.meta import SCoLConfig
 
 log = logging.getLogger("plasticlm.scol")
 
-METHODS = ("scol", "untrained_policy", "fixed_last", "fixed_best", "scol_random",
-           "scol_lambda0", "sequential_ft", "batch_ttt", "prompting", "summarisation")
+PresetName = Literal[tuple(PRESETS)]   # a sandbox preset, as a config choice
 
 
-@dataclass
+@configclass
 class ExperimentConfig:
     """Data, model and sizes of an experiment; ``scol`` holds the method's own settings."""
 
-    scol: SCoLConfig = field(default_factory=SCoLConfig)
-    model: str = ""                # HF folder; empty = the sandbox receiver of ``preset``
-    preset: str = "sandbox"
-    squad: str = ""                # SQuAD v1.1 file; empty = the preset world's unseen passages
-    longbench: str = ""            # LongBench v2 file; empty = the preset world's items
-    train_streams: int = 4
-    stream_length: int = 6
-    eval_length: int = 24
-    # Every n-th row of the accuracy matrix (and the last) asks about every earlier context;
-    # the others ask only their newest one (immediate accuracy). 1 = the full matrix, whose
-    # cost grows with the square of eval_length.
-    full_rows_every: int = 1
-    methods: tuple[str, ...] = METHODS
-    lambda0_outer_steps: int = -1  # -1: as many as scol.outer_steps
-    prompt_tokens: int = 384       # in-context baselines' budget
-    fisher_top: int = 0            # size of the top-Fisher set; 0 = the selection's size
-    # Score the meta-trained policy on held-out preference pairs: best-of-K from the untouched
-    # model over the evaluation stream, i.e. K more inner updates per evaluation context.
-    held_out_pairs: bool = True
-    chunk_tokens: int = 192        # longbench chunk size
-    # longbench items per length regime drawn from the preset's world (0 = the world file's
-    # own items, or the file given as ``longbench``)
-    longbench_per_length: int = 0
-    max_chunks: int = 12           # longbench: chunks per stream at most (short regime)
-    long_max_chunks: int = 24      # longbench: long regime
-    threads: int = 1               # torch threads; tiny models gain nothing from more
-    seed: int = 0
-    seeds: int = 4                 # squad: seeds seed, seed+1, ... (streams, samples, LoRA)
+    scol: SCoLConfig = Field(default_factory=SCoLConfig, description="SCoL's own settings")
+    model: str = Field("", description="HF folder; empty = the sandbox receiver of preset")
+    preset: PresetName = Field("sandbox", description="sandbox preset whose receiver and "
+                               "world are used when model / squad / longbench are empty")
+    squad: str = Field("", description="SQuAD v1.1 file; empty = the preset world's unseen "
+                       "passages")
+    longbench: str = Field("", description="LongBench v2 file; empty = the preset world's "
+                           "items")
+    train_streams: int = Field(4, ge=0, description="meta-training streams")
+    stream_length: int = Field(6, ge=0, description="contexts per meta-training stream")
+    eval_length: int = Field(24, ge=1, description="contexts of the evaluation stream")
+    full_rows_every: int = Field(
+        1, ge=1, description="every n-th row of the accuracy matrix (and the last) asks about "
+        "every earlier context; the others ask only their newest one (immediate accuracy). 1 "
+        "= the full matrix, whose cost grows with the square of eval_length")
+    methods: tuple[Annotated[str, METHODS.key], ...] = Field(
+        METHODS.names(), min_length=1, description="squad: the methods compared, in order")
+    lambda0_outer_steps: int = Field(-1, ge=-1, description="outer steps of the lambda = 0 "
+                                     "policy; -1: as many as scol.outer_steps")
+    prompt_tokens: int = Field(384, ge=1, description="in-context baselines' token budget")
+    fisher_top: int = Field(0, ge=0, description="size of the top-Fisher set; 0 = the "
+                            "selection's size")
+    held_out_pairs: bool = Field(
+        True, description="score the meta-trained policy on held-out preference pairs: "
+        "best-of-K from the untouched model over the evaluation stream, i.e. K more inner "
+        "updates per evaluation context")
+    chunk_tokens: int = Field(192, ge=8, description="longbench chunk size in tokens")
+    longbench_per_length: int = Field(
+        0, ge=0, description="longbench items per length regime drawn from the preset's world "
+        "(0 = the world file's own items, or the file given as longbench)")
+    max_chunks: int = Field(12, ge=1, description="longbench: chunks per stream at most "
+                            "(short regime)")
+    long_max_chunks: int = Field(24, ge=1, description="longbench: chunks per stream at most "
+                                 "(long regime)")
+    threads: int = Field(1, ge=1, description="torch threads; tiny models gain nothing from "
+                         "more")
+    seed: int = Field(0, ge=0, description="seed of streams, samples and LoRA")
+    seeds: int = Field(4, ge=1, description="squad: seeds seed, seed+1, ... run and pooled")
 
     def __post_init__(self):
-        if self.longbench_per_length < 0:
-            raise PlasticError(f"longbench_per_length must be >= 0, not "
-                               f"{self.longbench_per_length}")
         if self.longbench_per_length and self.longbench:
             raise PlasticError("longbench_per_length draws items from the sandbox world; it "
                                "cannot apply to a given longbench file (set one or the other)")
-        require_positive(self, "eval_length", "full_rows_every", "seeds", "prompt_tokens",
-                         "chunk_tokens",
-                         "max_chunks", "long_max_chunks", "threads")
 
 
 def quick_config() -> ExperimentConfig:
