@@ -14,17 +14,18 @@ from safetensors.torch import load_file
 
 from plasticlm.cli import main
 
-QUICK = ["--quick", "--set", "max_test=6"]
+QUICK = ["--quick", "--set", "data.max_test=6"]
 
 
 def run_cli(out: Path, name: str, *extra: str) -> int:
-    return main(["fednl", "run", *QUICK, "--set", f"out={out}", "--set", f"name={name}", *extra])
+    return main(["fednl", "run", *QUICK, "--set", f"outputs.out={out}", "--set", f"name={name}",
+                 *extra])
 
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fed")
-    assert run_cli(out, "ref", "--set", "rounds=3") == 0
+    assert run_cli(out, "ref", "--set", "train.rounds=3") == 0
     return out / "ref"
 
 
@@ -67,7 +68,8 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
 def test_a_killed_run_resumes_to_the_same_final_metrics(reference_run, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "plasticlm.cli", "fednl", "run", *QUICK,
-           "--set", f"out={tmp_path}", "--set", "name=killed", "--set", "rounds=3"]
+           "--set", f"outputs.out={tmp_path}", "--set", "name=killed",
+           "--set", "train.rounds=3"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     pointer = tmp_path / "killed" / "checkpoint.json"
@@ -80,8 +82,8 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(reference_run, tmp_path)
     proc.wait()
     killed_at = json.loads(pointer.read_text())["round"]
     assert 1 <= killed_at < 3, "the run should have been killed mid-way"
-    assert main(["fednl", "run", *QUICK, "--set", f"out={tmp_path}", "--set", "name=killed",
-                 "--set", "rounds=3", "--resume"]) == 0
+    assert main(["fednl", "run", *QUICK, "--set", f"outputs.out={tmp_path}", "--set",
+                 "name=killed", "--set", "train.rounds=3", "--resume"]) == 0
     ref = [json.loads(x) for x in (reference_run / "metrics.jsonl").read_text().splitlines()]
     got = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in got] == [1, 2, 3]
@@ -93,7 +95,7 @@ def test_a_killed_run_resumes_to_the_same_final_metrics(reference_run, tmp_path)
 
 def test_a_finished_run_is_not_overwritten(reference_run, capsys):
     out, name = reference_run.parent, reference_run.name
-    assert run_cli(out, name, "--set", "rounds=3") == 2
+    assert run_cli(out, name, "--set", "train.rounds=3") == 2
     assert "--resume" in capsys.readouterr().err
 
 
@@ -104,16 +106,19 @@ def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(
     with the two registered nodes only."""
     import time
 
+    from plasticlm.config import from_dict
+    from plasticlm.fednl.config import FedNLConfig, app_config
     from plasticlm.fednl.deploy import LocalFederation, make_node_key
     from plasticlm.fednl.processes import free_ports
     from plasticlm.sandbox import sandbox_model, sandbox_world
 
     sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes
-    cfg = tmp_path / "run.toml"
-    cfg.write_text('name = "deployed"\nmodel = "sandbox-quick:receiver"\n'
-                   'data = "sandbox-quick"\nsplit = "dirichlet"\nnum_clients = 2\nrounds = 1\n'
-                   'max_train = 8\nmax_test = 4\n[method]\nname = "fednl"\nlocal_steps = 2\n'
-                   'batch_size = 2\n')
+    cfg = from_dict(FedNLConfig, {
+        "name": "deployed", "model": "sandbox-quick:receiver",
+        "data": {"source": "sandbox-quick", "split": "dirichlet", "num_clients": 2,
+                 "max_train": 8, "max_test": 4},
+        "method": {"name": "fednl"},
+        "train": {"rounds": 1, "local_steps": 2, "batch_size": 2}})
     run_dir = tmp_path / "run"
     with LocalFederation(tmp_path / "fed", nodes=2, tls=True, auth=True) as fed:
         private, _ = make_node_key(tmp_path / "rogue")           # never registered
@@ -127,9 +132,11 @@ def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(
             time.sleep(1)
         assert all(r.poll() not in (None, 0) for r in rogues), "a rogue node was not refused"
         assert "Failed to activate SuperNode" in (fed.workdir / "rogue-key.log").read_text()
-        done = fed.run({"config": str(cfg), "run-dir": str(run_dir)}, timeout=600)
+        done = fed.run(app_config(cfg, run_dir), timeout=600)
         assert len(fed.registered_nodes()) == 2
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1]
     assert len(records[0]["clients"]) == 2 and records[0]["bytes_up"] > 0
+    # the run config reached the ServerApp as given (Flower's run config, dotted keys)
+    assert FedNLConfig.from_json((run_dir / "config.json").read_text()) == cfg
