@@ -274,3 +274,190 @@ def test_fednl_robust_rules_equal_flowers_strategies(rule):
     mean, _ = robust_aggregate(thetas, counts, current, AggregationConfig(rule="mean", clip=0.0),
                                max_examples=96)
     assert max(float((mean[k] - ours[k]).abs().max()) for k in ours) > 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# SCoL: the methods compared (METHODS), layer selections (SELECTIONS), rewards (REWARDS)
+# ---------------------------------------------------------------------------------------------
+
+SCOL_FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
+              ("Quinomab", "gout", "Munder Bio")]
+
+
+def _scol_passage(name, cond, maker):
+    from plasticlm.data.records import QA, Answer, Passage
+
+    text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
+    return Passage(name, text, (
+        QA(f"{name}.t", f"What condition is {name} used to treat?",
+           (Answer(cond, text.index(cond)),)),
+        QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),))))
+
+
+@pytest.fixture(scope="module")
+def scol_tiny(one_thread):
+    """The SCoL tests' tiny Qwen3 (4 layers) and BPE tokenizer, and three contexts with two
+    closed-book questions each."""
+    from plasticlm.eval import qa_line
+    from plasticlm.models import build_tiny, train_bpe_tokenizer
+    from plasticlm.scol.contexts import contexts_from_passages
+
+    passages = [_scol_passage(*f) for f in SCOL_FACTS]
+    texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
+        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
+    tok = train_bpe_tokenizer(texts, vocab_size=300)
+    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
+                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                       max_position_embeddings=512).eval()
+    return model, tok, contexts_from_passages(passages)
+
+
+def _scol_config(**scol):
+    from plasticlm.scol.setup import ExperimentConfig
+
+    return from_dict(ExperimentConfig, {
+        "prompt_tokens": 64, "scol": {"k": 3, "temperature": 2.0, "reward": "intrinsic",
+                                      "outer_steps": 1, "ipo_epochs": 1,
+                                      "lora": {"steps": 1, "lr": 1e-2, "replay": 0}, **scol}})
+
+
+def test_scol_every_method_fills_its_accuracy_matrix(scol_tiny, tmp_path):
+    """Each method of the squad experiment, prepared on a training stream and started from
+    its meta-trained policy, fills the lower-triangular accuracy matrix of the evaluation
+    stream; a method that commits updates returns one record per context, on its layers."""
+    from plasticlm.scol.baselines import METHODS, Method
+    from plasticlm.scol.matrix import AccuracyMatrix
+    from plasticlm.scol.meta import meta_train
+
+    labelled = {c for c in _subclasses(Method) if "label" in vars(c)}
+    assert labelled == {m for _, m in METHODS.items()}, "a SCoL method is unregistered"
+    model, tok, contexts = scol_tiny
+    train, stream = [contexts[:1]], contexts[1:]
+    cfg = _scol_config()
+    policies: dict = {}
+    for _, method in METHODS.items():
+        if method.policy and method.policy not in policies:
+            policies[method.policy] = meta_train(model, tok, train,
+                                                 METHODS[method.policy].meta_config(cfg),
+                                                 tmp_path / method.policy, progress=False)
+        if method.prepare is not None:
+            method.prepare(model, tok, train, cfg, None, policies, {})
+    assert 0 <= policies["best_layer"] < 4
+    for name, method in METHODS.items():
+        assert method.label and set(method.paper) <= {"immediate", "retention"}, name
+        mat = AccuracyMatrix(stream)
+        records = method.run(name, mat, model, policies, tok, stream, cfg, None)
+        assert [len(row) for row in mat.em] == [1, 2] and None not in mat.em[-1], name
+        assert all(0 <= x <= 1 for row in mat.em + mat.f1 for x in row if x is not None), name
+        if records is not None:
+            assert [r.index for r in records] == [0, 1], name
+            assert all(r.layers and set(r.layers) <= set(range(4)) for r in records), name
+    assert METHODS["fixed_last"].layers(model, policies) == (3,)
+    assert METHODS["fixed_best"].layers(model, policies) == (policies["best_layer"],)
+
+
+def test_scol_every_selection_commits_one_of_its_candidates(scol_tiny):
+    """Each selection rule proposes candidates and commits one of them per context; a scored
+    rule commits the candidate its ``choose`` picks from the rewards (the first best)."""
+    from plasticlm.scol.selections import SELECTIONS, Selection
+    from plasticlm.scol.stream import consolidate_stream
+
+    assert _subclasses(Selection) == {s for _, s in SELECTIONS.items()}, \
+        "a SCoL selection is unregistered"
+    model, tok, contexts = scol_tiny
+    cfg = _scol_config().scol
+    for name, rule in SELECTIONS.items():
+        _, records, pairs = consolidate_stream(model, tok, contexts[:2], cfg, name, layers=(2, 1))
+        assert len(records) == 2, name
+        for r in records:
+            layer_sets = [tuple(c["layers"]) for c in r.candidates]
+            assert r.layers in layer_sets and set(r.layers) <= set(range(4)), name
+            if rule.scored:
+                totals = [c["reward"]["total"] for c in r.candidates]
+                assert math.isfinite(r.reward.total), name
+                assert layer_sets[rule.choose(totals)] == r.layers, name
+            else:
+                assert len(layer_sets) == 1 and r.reward is None and not pairs, name
+    assert SELECTIONS["best"].choose([0.1, 0.7, 0.7, -1.0]) == 1
+    _, fixed, _ = consolidate_stream(model, tok, contexts[:1], cfg, "fixed", layers=(2, 1))
+    _, every, _ = consolidate_stream(model, tok, contexts[:1], cfg, "all")
+    assert fixed[0].layers == (1, 2) and every[0].layers == (0, 1, 2, 3)
+
+
+def _scol_taught(model, tok, texts: list[str], steps: int = 100):
+    """A copy of ``model`` fine-tuned on ``texts`` until it recites them."""
+    import copy
+
+    taught = copy.deepcopy(model).train()
+    batch = tok(texts, return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    opt = torch.optim.AdamW(taught.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = taught(**batch, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return taught.eval()
+
+
+def test_scol_every_reward_ranks_learning_the_context_above_learning_something_else(scol_tiny):
+    """Each reward is finite, is zero-forgetting for the untouched model, and ranks a model
+    taught the context (its text and its questions' right answers) above one taught another
+    context (its text and wrong answers to this context's questions)."""
+    from plasticlm.eval import qa_continuation
+    from plasticlm.scol.rewards import REWARDS, RewardProbe, qa_prompt
+
+    assert _subclasses(RewardProbe) == {r for _, r in REWARDS.items()}, \
+        "a SCoL reward is unregistered"
+    model, tok, contexts = scol_tiny
+    own, other = contexts[1], contexts[2]
+    right = [own.text] + [qa_prompt(q.question) + qa_continuation(q.answers[0])
+                          for q in own.questions]
+    wrong = [other.text] + [qa_prompt(q.question) + qa_continuation(o.answers[0])
+                            for q, o in zip(own.questions, other.questions)]
+    taught, mistaught = _scol_taught(model, tok, right), _scol_taught(model, tok, wrong)
+    for name in REWARDS:
+        cfg = _scol_config(reward=name, lam=1.0, forget_window=1).scol
+        probe = REWARDS[name](model, tok, contexts[:2], 1, cfg)
+        same, good, bad = probe(model), probe(taught), probe(mistaught)
+        assert all(math.isfinite(x) for r in (same, good, bad)
+                   for x in (r.acquisition, r.forgetting, r.total)), name
+        assert same.forgetting == pytest.approx(0.0, abs=1e-6), name
+        assert good.total > bad.total and good.acquisition > same.acquisition, name
+
+
+def test_scol_config_typos_are_refused_with_the_choices(scol_tiny, capsys):
+    from plasticlm.cli import main
+    from plasticlm.scol.baselines import METHODS
+    from plasticlm.scol.calibrate import SweepConfig
+    from plasticlm.scol.rewards import REWARDS
+    from plasticlm.scol.selections import SELECTIONS
+    from plasticlm.scol.setup import ExperimentConfig
+    from plasticlm.scol.stream import consolidate_stream
+
+    with pytest.raises(PlasticError, match=f"config methods.1: unknown SCoL method 'scoll'; "
+                       f"choose one of {', '.join(METHODS)}"):
+        load_config(ExperimentConfig, None, ['methods=["scol","scoll"]'])
+    with pytest.raises(PlasticError, match=f"config scol.reward: unknown SCoL reward "
+                       f"'supervisd'; choose one of {', '.join(REWARDS)}"):
+        load_config(ExperimentConfig, None, ["scol.reward=supervisd"])
+    with pytest.raises(PlasticError, match="config scol.forget_from: input should be 'recent' "
+                       "or 'all', got 'oldest'"):
+        load_config(ExperimentConfig, None, ["scol.forget_from=oldest"])
+    with pytest.raises(PlasticError, match=r"config scol.kk: unknown key \(known: .*k, "):
+        load_config(ExperimentConfig, None, ["scol.kk=3"])
+    with pytest.raises(PlasticError, match="config preset: input should be 'sandbox' or "
+                       "'quick'"):
+        load_config(ExperimentConfig, None, ["preset=quik"])
+    with pytest.raises(PlasticError, match="config layers: input should be 'random' or 'last'"):
+        load_config(SweepConfig, None, ["layers=first"])
+    with pytest.raises(PlasticError, match="config modules.0: input should be 'attention', "
+                       "'mlp' or 'all'"):
+        load_config(SweepConfig, None, ['modules=["mlpp"]'])
+    model, tok, contexts = scol_tiny
+    with pytest.raises(PlasticError, match=f"unknown SCoL selection 'bets'; choose one of "
+                       f"{', '.join(SELECTIONS)}"):
+        consolidate_stream(model, tok, contexts[:1], _scol_config().scol, "bets")
+    assert main(["scol", "experiment", "squad", "--set", "scol.reward=likelihood"]) == 2
+    assert f"unknown SCoL reward 'likelihood'; choose one of {', '.join(REWARDS)}" in \
+        capsys.readouterr().err
