@@ -39,10 +39,10 @@ import httpx
 from plasticlm.eval import bootstrap_ci, qa_prompt
 from plasticlm.refine.codec import read_metadata
 from plasticlm.refine.experiment import ExperimentConfig, load_questions
+from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.report import LINK_MB_PER_S, link_latency_ms
 from plasticlm.runs import write_text_atomic
 
-QUANTS = ("float32", "bf16", "int8", "fp8")
 TRANSMITTERS = ("transmitter-llama", "transmitter-qwen2")
 
 
