@@ -20,7 +20,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.refine import Fuser
 from plasticlm.refine.codec import encode_bundle, read_metadata
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.modes import Link
+from plasticlm.refine.link import Link
 from plasticlm.refine.peer import load_peer
 from plasticlm.refine.registry import pair_folder
 from plasticlm.refine.remote import FuserSource

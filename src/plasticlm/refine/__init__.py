@@ -6,8 +6,9 @@
   fusion; the kinds in ``FUSER_KINDS``), safetensors + config;
 - ``peer``: a device's model and how prompts and answers become its tokens;
 - ``train``: fuser training with both LLMs frozen;
-- ``modes`` (``MODES``: alone, t2t, c2c, multi, co-c2c), ``fusion`` and ``fedrefine``: the
-  modes behind one API, :class:`FedRefine`;
+- ``link``, ``fusion``, ``modes`` (``MODES``: alone, t2t, c2c, multi, co-c2c) and
+  ``fedrefine``, each importing only the ones before it: the modes behind one API,
+  :class:`FedRefine`;
 - ``quant``, ``codec``, ``service``: caches on the wire (``QUANTS``) and network peers;
 - ``rephrase`` and ``leakage``: privacy by rephrasing and its measured leakage;
 - ``probe``: linear probes of what a transmitter's cache holds (the transfer probe gate);
@@ -28,7 +29,8 @@ from plasticlm.refine.leakage import (
     learned_inversion,
     measure_leakage,
 )
-from plasticlm.refine.modes import MODES, Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.rephrase import rephrase, rule_rephrase

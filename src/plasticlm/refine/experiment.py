@@ -24,7 +24,8 @@ from plasticlm.refine.examples import make_examples
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.leakage import measure_leakage
-from plasticlm.refine.modes import Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report

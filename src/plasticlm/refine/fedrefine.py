@@ -13,7 +13,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.refine.decode import Prepared, argmax, greedy_decode, score_choices
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.fusion import device_of
-from plasticlm.refine.modes import MODES, Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
 
 

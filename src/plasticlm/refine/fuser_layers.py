@@ -2,24 +2,35 @@
 the only place the kinds are listed): C2C's (separate K and V paths reading both caches,
 Gumbel-sigmoid gates per layer) and a low-rank one kept for the size comparison.
 
-A kind is a module built from the fuser's config (``from_config``) with
+A kind is a module built from the fuser's shape (``from_config``: anything with the fields of
+:class:`FuserShape`, such as the fuser's ``FuserConfig``) with
 ``forward(t_keys, t_values, r_keys=None, r_values=None) -> (keys, values)`` and
 ``gates_on() -> (key gate on, value gate on)``; add one with ``@FUSER_KINDS.register(name)``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from plasticlm.registry import Registry
 
-if TYPE_CHECKING:
-    from plasticlm.refine.fuser_config import FuserConfig
-
 FUSER_KINDS: Registry[type[nn.Module]] = Registry("fuser kind")
+
+
+class FuserShape(Protocol):
+    """What a kind reads of its fuser's config (``FuserConfig`` has these fields): the two
+    caches' KV heads per layer and head dims, and the kinds' widths."""
+
+    receiver_kv_heads: int
+    receiver_head_dim: int
+    transmitter_kv_heads: int
+    transmitter_head_dim: int
+    rank: int        # lowrank: bottleneck width
+    hidden: int      # c2c: hidden width of the K and V paths
+    dropout: float   # c2c: dropout in the residual blocks
 
 
 class ResidualBlock(nn.Module):
@@ -65,7 +76,7 @@ class C2CLayerFuser(nn.Module):
     """C2C's fuser for one receiver layer: K and V paths, each with its own layer gate."""
 
     @classmethod
-    def from_config(cls, c: FuserConfig) -> C2CLayerFuser:
+    def from_config(cls, c: FuserShape) -> C2CLayerFuser:
         return cls(c.transmitter_kv_heads, c.transmitter_head_dim, c.receiver_kv_heads,
                    c.receiver_head_dim, c.hidden, c.dropout)
 
@@ -121,7 +132,7 @@ class LowRankLayerFuser(nn.Module):
     """concat(K_t, V_t) per token -> rank-r code -> receiver K, V, per-head weight; one gate."""
 
     @classmethod
-    def from_config(cls, c: FuserConfig) -> LowRankLayerFuser:
+    def from_config(cls, c: FuserShape) -> LowRankLayerFuser:
         return cls(2 * c.transmitter_kv_heads * c.transmitter_head_dim, c.receiver_kv_heads,
                    c.receiver_head_dim, c.rank)
 

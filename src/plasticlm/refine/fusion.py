@@ -7,14 +7,14 @@ ablation the cache covers the whole prompt and the last token runs again at its 
 position). Prefix fusion (the private mode: transmitters encode a rephrased prompt) puts the
 projected transmitter cache after the receiver's BOS and runs the prompt after it.
 
-``fr`` is the :class:`~plasticlm.refine.fedrefine.FedRefine` asking: its receiver, config
-and rephraser.
+The functions take what they read of the :class:`~plasticlm.refine.fedrefine.FedRefine`
+asking as arguments: its receiver, its links, ``RefineConfig.private`` and ``order``, and its
+rephraser.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,12 +22,9 @@ from plasticlm.errors import PlasticError
 from plasticlm.refine.align import align_to_ends
 from plasticlm.refine.cache import KVCache, extract_cache
 from plasticlm.refine.decode import Prepared
+from plasticlm.refine.link import Link
 from plasticlm.refine.peer import Peer, as_batch, prompt_ids
 from plasticlm.refine.rephrase import rephrase
-
-if TYPE_CHECKING:
-    from plasticlm.refine.fedrefine import FedRefine
-    from plasticlm.refine.modes import Link
 
 
 def add_time(seconds: dict[str, float], step: str, t: float) -> None:
@@ -38,30 +35,34 @@ def device_of(peer: Peer) -> torch.device:
     return next(peer.model.parameters()).device
 
 
-def transmit_text(fr: FedRefine, prompt: str, seconds: dict[str, float]) -> str:
-    """What transmitters read: the prompt, or (private) its rephrasing."""
-    if not fr.config.private:
+def transmit_text(prompt: str, seconds: dict[str, float], private: bool = False,
+                  rephraser: Peer | None = None) -> str:
+    """What transmitters read: the prompt, or (private) its rephrasing (by ``rephraser``, or
+    by rule without one)."""
+    if not private:
         return prompt
     t0 = time.perf_counter()
-    r = fr.rephraser
+    r = rephraser
     text = rephrase(prompt, r.model if r else None, r.tokenizer if r else None)[0]
     add_time(seconds, "rephrase", time.perf_counter() - t0)
     return text
 
 
-def _transmit(fr: FedRefine, link: Link, text: str, seconds: dict[str, float]):
+def _transmit(receiver: Peer, link: Link, text: str, seconds: dict[str, float]):
     c = link.fuser.config
     sent = link.peer.prefill(text, c.draft_tokens if c.mode == "prefix" else 0,
                              link.fuser.transmitter_layers_read, c.share)
-    sent.cache = sent.cache.to(device_of(fr.receiver))   # received caches arrive on CPU
+    sent.cache = sent.cache.to(device_of(receiver))   # received caches arrive on CPU
     for step, t in sent.seconds.items():
         add_time(seconds, step, t)
     return sent
 
 
-def fused_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
+def fused_state(receiver: Peer, prompt: str, links: list[Link], order: str = "parallel",
+                private: bool = False, rephraser: Peer | None = None) -> Prepared:
     """The receiver's state with every link's cache fused in (aligned or prefix, as the
-    links' fusers were trained)."""
+    links' fusers were trained; aligned: each on the receiver's own cache, ``order``
+    parallel, or on the previous result, sequence)."""
     missing = [link.peer.name for link in links if link.fuser is None]
     if missing:
         raise PlasticError(f"transmitter(s) {missing} have no fuser: cache fusion needs "
@@ -72,11 +73,11 @@ def fused_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
         raise PlasticError("all transmitters' fusers must use the same fusion mode "
                            f"(got {sorted(modes)})")
     if "prefix" in modes:
-        return prefix_state(fr, prompt, links)
-    if fr.config.private:
+        return prefix_state(receiver, prompt, links, private, rephraser)
+    if private:
         raise PlasticError("private mode shares caches of a rephrased prompt, which only "
                            "prefix fusers can read; train fusers with mode=prefix")
-    r = fr.receiver
+    r = receiver
     ids = prompt_ids(r.tokenizer, prompt)
     fuse_last = links[0].fuser.config.fuse_last
     if any(link.fuser.config.fuse_last != fuse_last for link in links):
@@ -85,16 +86,16 @@ def fused_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
     own, _ = extract_cache(r.model, as_batch(ids[:n_fused]), model_name=r.name)
     fused, wire, seconds = own, 0, {}
     for link in links:
-        sent = _transmit(fr, link, prompt, seconds)
+        sent = _transmit(r, link, prompt, seconds)
         t0 = time.perf_counter()
         receiver_ids, index = align_to_ends(r.tokenizer, prompt, sent.token_ends,
                                             sent.has_bos)
         if receiver_ids != ids:
             raise PlasticError("receiver tokens differ between alignment and prompt "
                                "encoding; the tokenizer is not deterministic")
-        base = own if fr.config.order == "parallel" else fused
+        base = own if order == "parallel" else fused
         out = link.fuser.fuse_aligned(base, sent.cache, torch.tensor([index[:n_fused]]))
-        if fr.config.order == "parallel":
+        if order == "parallel":
             fused = fused.add_delta(*out.delta(own))
         else:
             fused = out
@@ -103,18 +104,19 @@ def fused_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
     return Prepared(fused, ids[-1:], ids, wire, start=len(ids) - 1, seconds=seconds)
 
 
-def prefix_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
+def prefix_state(receiver: Peer, prompt: str, links: list[Link], private: bool = False,
+                 rephraser: Peer | None = None) -> Prepared:
     """The receiver's BOS, then each link's projected cache as extra positions; the prompt
-    runs after them."""
-    r = fr.receiver
+    (private: its rephrasing, for the transmitters) runs after them."""
+    r = receiver
     ids = prompt_ids(r.tokenizer, prompt)
     has_bos = r.tokenizer.bos_token_id is not None and ids[0] == r.tokenizer.bos_token_id
     seconds: dict[str, float] = {}
-    text = transmit_text(fr, prompt, seconds)
+    text = transmit_text(prompt, seconds, private, rephraser)
     start = 1 if has_bos else 0
     prefixes, wire = [], 0
     for link in links:
-        sent = _transmit(fr, link, text, seconds)
+        sent = _transmit(r, link, text, seconds)
         t0 = time.perf_counter()
         p = link.fuser.prefix(sent.cache, r.layout, start=start, skip_first=not sent.first,
                               prompt_length=sent.prompt_tokens - sent.first)
@@ -127,4 +129,4 @@ def prefix_state(fr: FedRefine, prompt: str, links: list[Link]) -> Prepared:
         bos, _ = extract_cache(r.model, as_batch(ids[:1]), model_name=r.name)
         state = bos.cat(state)
     return Prepared(state, ids[1:] if has_bos else ids, ids, wire,
-                    rephrased=[text] if fr.config.private else [], seconds=seconds)
+                    rephrased=[text] if private else [], seconds=seconds)

@@ -23,7 +23,8 @@ from plasticlm.eval import qa_continuation, qa_prompt
 from plasticlm.refine.examples import Example
 from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbox_world_of
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.modes import Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.probe import ProbeItem, probe_table
 from plasticlm.refine.train import (

@@ -1,9 +1,11 @@
 """FedRefine's inference modes, one registered class each (``MODES``, the only place they are
 listed): alone, t2t, c2c, multi and co-c2c.
 
-A mode picks the receiver's links it uses and *prepares* the receiver's state for a prompt (a
-KV cache, fused or not, and the receiver tokens still to run); :class:`FedRefine` then scores
-answer choices or decodes from it. A mode where both sides refine (co-c2c) also prepares the
+A mode picks the receiver's links it uses (:class:`~plasticlm.refine.link.Link`) and
+*prepares* the receiver's state for a prompt (a KV cache, fused or not, and the receiver tokens
+still to run) from what it reads of the asker (:class:`Refiner`: receiver, config, rephraser,
+reverse fuser); :class:`~plasticlm.refine.fedrefine.FedRefine` then scores answer choices or
+decodes from it. A mode where both sides refine (co-c2c) also prepares the
 partner's state. Add a mode with ``@MODES.register(name)`` on a :class:`Mode` subclass; a
 transmitter is anything with ``name``, ``layout``, ``prefill`` and ``generate`` (the
 ``Transmitter`` protocol of :mod:`plasticlm.refine.peer`), so a mode runs across the network
@@ -14,8 +16,7 @@ unchanged.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import torch
 
@@ -26,23 +27,12 @@ from plasticlm.refine.cache import extract_cache
 from plasticlm.refine.decode import Prepared
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.fusion import add_time, fused_state, transmit_text
-from plasticlm.refine.peer import Peer, Transmitter, as_batch, prompt_ids
+from plasticlm.refine.link import Link
+from plasticlm.refine.peer import Peer, as_batch, prompt_ids
 from plasticlm.registry import Registry
-
-if TYPE_CHECKING:
-    from plasticlm.refine.fedrefine import FedRefine
 
 Order = Literal["parallel", "sequence"]
 ORDERS = get_args(Order)
-
-
-@dataclass
-class Link:
-    """A transmitter (a :class:`Peer` here, or a remote one) and the fuser that carries its
-    cache into the receiver (None: the transmitter can only help by text, mode t2t)."""
-
-    peer: Transmitter
-    fuser: Fuser | None = None
 
 
 @configclass
@@ -61,6 +51,22 @@ class RefineConfig:
                               "receiver's prompt with one transmitter's background")
 
 
+class Refiner(Protocol):
+    """What a mode reads of the one asking (a :class:`~plasticlm.refine.fedrefine.FedRefine`):
+    the receiver, how the modes run, who rephrases (private) and the fuser back to partner 0
+    (co-c2c)."""
+
+    receiver: Peer
+    config: RefineConfig
+    rephraser: Peer | None
+    reverse_fuser: Fuser | None
+
+
+def _fused(fr: Refiner, prompt: str, links: list[Link]) -> Prepared:
+    c = fr.config
+    return fused_state(fr.receiver, prompt, links, c.order, c.private, fr.rephraser)
+
+
 class Mode:
     """A FedRefine mode: the links it uses and the receiver's state it prepares."""
 
@@ -74,7 +80,7 @@ class Mode:
         return links[: n or len(links)]
 
     @classmethod
-    def prepare(cls, fr: FedRefine, prompt: str, links: list[Link]
+    def prepare(cls, fr: Refiner, prompt: str, links: list[Link]
                 ) -> tuple[Prepared, Prepared | None]:
         """The receiver's state for ``prompt`` (and the partner's, or None)."""
         raise NotImplementedError
@@ -111,7 +117,7 @@ class TextToText(Mode):
     @classmethod
     def prepare(cls, fr, prompt, links):
         seconds: dict[str, float] = {}
-        text = transmit_text(fr, prompt, seconds)
+        text = transmit_text(prompt, seconds, fr.config.private, fr.rephraser)
         t0 = time.perf_counter()
         backgrounds = [link.peer.generate(text, fr.config.t2t_max_new_tokens, ("\n",))
                        for link in links]
@@ -137,7 +143,7 @@ class CacheToCache(Mode):
 
     @classmethod
     def prepare(cls, fr, prompt, links):
-        return fused_state(fr, prompt, links), None
+        return _fused(fr, prompt, links), None
 
 
 @MODES.register("multi")
@@ -146,7 +152,7 @@ class Multi(Mode):
 
     @classmethod
     def prepare(cls, fr, prompt, links):
-        return fused_state(fr, prompt, links), None
+        return _fused(fr, prompt, links), None
 
 
 @MODES.register("co-c2c")

@@ -23,7 +23,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.refine.codec import PayloadError, decode_bundle, encode_bundle, encode_fuser
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.fuser_config import Share
-from plasticlm.refine.modes import MODES, Link, Order, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import MODES, Order, RefineConfig
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.registry import load_registered, registered_pairs

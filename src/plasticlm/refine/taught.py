@@ -15,7 +15,8 @@ from plasticlm.models.pretrain import evaluate_loss, pack_corpus
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.ladder import Ladder, TransferConfig, entity_of, score_both, score_items
 from plasticlm.refine.leakage import learned_inversion
-from plasticlm.refine.modes import Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rule_rephrase
 from plasticlm.runtime import pick_dtype

@@ -49,7 +49,8 @@ import time
 from plasticlm.refine.examples import Example, general_examples
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.ladder import ROWS, Ladder, TransferConfig, entity_of
-from plasticlm.refine.modes import Link, RefineConfig
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.report import probe_summary, transfer_results, transfer_table
 from plasticlm.refine.taught import (
     Facts,
