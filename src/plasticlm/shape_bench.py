@@ -145,8 +145,7 @@ def scol_row(folder: str, device: torch.device, k: int = 2) -> dict:
     stream = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))[:1]
     out = {}
     for selection in ("best", "all"):
-        c = copy.deepcopy(cfg.scol)
-        c.k, c.reward = k, "supervised"
+        c = dataclasses.replace(cfg.scol, k=k, reward="supervised")
         out[selection] = measure(lambda s=selection, c=c: consolidate_stream(
             copy.deepcopy(model), tok, stream, c, s), device)
     return _row(f"SCoL best of {k} vs one sequential fine-tuning update (1 context)",

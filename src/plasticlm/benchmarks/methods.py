@@ -4,6 +4,7 @@ time to first token, SCoL's time per context."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 
@@ -114,14 +115,14 @@ def scol_rows(preset: str, contexts: int = 2, k: int = 4) -> list[dict]:
     reward) and of one sequential fine-tuning update of all layers, on the receiver of
     ``preset`` and passages of its world, with the default inner update."""
     cfg = quick_config() if preset == "quick" else ExperimentConfig()
-    cfg.scol.k, cfg.scol.temperature = k, 2.0   # explore, so K distinct candidates are trained
+    # explore (temperature 2), so K distinct candidates are trained
+    scol = dataclasses.replace(cfg.scol, k=k, temperature=2.0)
     model, tok = load_scol_model(cfg)
     stream = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))[:contexts]
     rows = []
     for name, selection, together in (("sequential fine-tuning (all layers)", "all", False),
                                       (f"SCoL best of {k}", "best", True)):
-        c = copy.deepcopy(cfg.scol)
-        c.reward, c.together = "supervised", together
+        c = dataclasses.replace(scol, reward="supervised", together=together)
         t0 = time.perf_counter()
         _, records, _ = consolidate_stream(copy.deepcopy(model), tok, stream, c, selection)
         rows.append({"method": name, "seconds_per_context": (time.perf_counter() - t0)
