@@ -72,7 +72,8 @@ def _problem(err: dict, cls: type) -> str:
     return f"config {where}: {msg[0].lower()}{msg[1:]}{got}"
 
 
-def _refusal(e: ValidationError, cls: type) -> PlasticError:
+def refusal(e: ValidationError, cls: type) -> PlasticError:
+    """A pydantic ``ValidationError`` of config ``cls`` as one line naming each key."""
     return PlasticError("; ".join(_problem(err, cls) for err in e.errors()))
 
 
@@ -85,7 +86,7 @@ def from_dict(cls: type[T], data: Any) -> T:
     try:
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as e:
-        raise _refusal(e, cls) from None
+        raise refusal(e, cls) from None
 
 
 def _refuse_bool_numbers(cls: type, data: dict, where: str) -> None:

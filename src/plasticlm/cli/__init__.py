@@ -10,7 +10,10 @@ import os
 import sys
 from importlib import metadata
 
+from pydantic import ValidationError
+
 from plasticlm import __version__
+from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
 
@@ -127,6 +130,9 @@ def _run(argv: list[str] | None) -> int:
         return e.status
     except PlasticError as e:
         print(f"plasticlm: error: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:   # a config built in code from the command's values
+        print(f"plasticlm: error: {refusal(e, object)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)

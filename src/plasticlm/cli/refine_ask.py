@@ -187,7 +187,8 @@ def _ask(args) -> int:
     from plasticlm.errors import PlasticError
     from plasticlm.refine.fedrefine import FedRefine
     from plasticlm.refine.fuser import Fuser
-    from plasticlm.refine.modes import MODES, Link, RefineConfig
+    from plasticlm.refine.link import Link
+    from plasticlm.refine.modes import MODES, RefineConfig
     from plasticlm.refine.peer import load_peer
 
     MODES.check(args.mode)
