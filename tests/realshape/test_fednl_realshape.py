@@ -6,20 +6,23 @@ import json
 import torch
 
 from plasticlm.cli import main
+from plasticlm.config import from_dict, override
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.local import local_update
-from plasticlm.fednl.methods import MethodConfig, prepare_model
+from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.theta import get_theta
 
-METHOD = MethodConfig(name="fednl", local_steps=1, batch_size=2, window=16, lora_rank=4,
-                      memory_layers="all")
+RUN = from_dict(FedNLConfig, {
+    "data": {"source": "sandbox-quick", "split": "dirichlet", "num_clients": 2,
+             "max_train": 4, "max_test": 3},
+    "method": {"name": "fednl", "window": 16, "lora_rank": 4},
+    "memory": {"layers": "all"},
+    "train": {"local_steps": 1, "batch_size": 2}})
 
 
 def _tasks(spec: str):
-    cfg = FedNLConfig(model=spec, data="sandbox-quick", split="dirichlet",
-                      num_clients=2, max_train=4, max_test=3, method=METHOD)
-    return tasks_for(cfg)
+    return tasks_for(override(RUN, {"model": spec}))
 
 
 def test_a_fednl_client_round_and_its_evaluation(shape, shape_model, spec_of):
@@ -33,10 +36,10 @@ def test_a_fednl_client_round_in_bfloat16(shape_model, spec_of):
 
 def _client_round(shape, model, tokenizer, spec_of):
     torch.manual_seed(0)
-    model = prepare_model(model, METHOD)
+    model = prepare_model(model, RUN.method, RUN.memory)
     task = _tasks(spec_of(shape))[0]
     start = {k: v.clone() for k, v in get_theta(model).items()}
-    theta, metrics = local_update(model, tokenizer, task, start, {}, METHOD, seed=0)
+    theta, metrics = local_update(model, tokenizer, task, start, {}, RUN, seed=0)
     assert set(theta) == set(start) and all(v.dtype == torch.float32 for v in theta.values())
     assert all(torch.isfinite(v).all() for v in theta.values())
     assert any(not torch.equal(theta[k], start[k]) for k in theta)  # one step moved theta
@@ -49,10 +52,11 @@ def _client_round(shape, model, tokenizer, spec_of):
 def test_one_flower_round_of_two_clients_at_qwen25_05b_shape(tmp_path, spec_of):
     name = "qwen2.5-0.5b"
     assert main(["fednl", "run", "--quick", "--set", f"model={spec_of(name)}",
-                 "--set", "split=dirichlet", "--set", "num_clients=2", "--set", "rounds=1",
-                 "--set", "max_train=4", "--set", "max_test=3", "--set", "local_eval=last",
-                 "--set", "method.local_steps=1", "--set", "method.batch_size=2",
-                 "--set", f"out={tmp_path}", "--set", "name=rs"]) == 0
+                 "--set", "data.split=dirichlet", "--set", "data.num_clients=2",
+                 "--set", "train.rounds=1", "--set", "data.max_train=4",
+                 "--set", "data.max_test=3", "--set", "eval.local_eval=last",
+                 "--set", "train.local_steps=1", "--set", "train.batch_size=2",
+                 "--set", f"outputs.out={tmp_path}", "--set", "name=rs"]) == 0
     (record,) = [json.loads(x) for x in (tmp_path / "rs" / "metrics.jsonl").read_text().splitlines()]
     assert record["round"] == 1 and len(record["clients"]) == 2
     assert all(c["train_loss"] > 0 for c in record["clients"].values())
