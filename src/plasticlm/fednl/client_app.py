@@ -19,11 +19,13 @@ from plasticlm.fednl.checkpoint import client_state_root, load_client_state, sav
 from plasticlm.fednl.config import run_of
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.messages import pack_theta, unpack_theta
+from plasticlm.fednl.privacy_client import privacy_mod
 from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runtime import dtype_name, set_threads
 
-client_app = ClientApp()
+# the run's privacy settings (Flower's clipping and SecAgg+ mods) wrap training messages
+client_app = ClientApp(mods=[privacy_mod])
 
 
 # What a node says in its own --node-config wins over the run config: a node loads the model

@@ -19,6 +19,7 @@ from typing import Any
 from plasticlm.config import Field, configclass, from_dict, to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.fednl import aggregators, methods  # noqa: F401 - they register their members
+from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
 from plasticlm.fednl.sections import (
     AggregationConfig,
     DataConfig,
@@ -47,6 +48,7 @@ class FedNLConfig:
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig, description="")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="")
     outputs: OutputConfig = Field(default_factory=OutputConfig, description="")
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig, description="")
 
     def __post_init__(self):
         # the run folder is out/name: an empty name would make it `out` itself
@@ -59,6 +61,9 @@ class FedNLConfig:
         if self.method.name == "fednl" and self.method.window == 0:
             raise PlasticError("fednl needs an attention window (method.window > 0): the "
                                "memory holds what falls out of it")
+        problem = privacy_problem(self.privacy, self.aggregation.rule, self.aggregation.clip)
+        if problem:
+            raise PlasticError(problem)
 
     def gate_warning(self) -> str | None:
         """A warning when the training budget cannot move fednl's gate logits by 1 (Adam

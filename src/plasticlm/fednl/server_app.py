@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from plasticlm.config import save_config
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig, run_of
-from plasticlm.fednl.messages import pack_theta
+from plasticlm.fednl.privacy_server import run_rounds
 from plasticlm.fednl.setup import initial_theta, tasks_for
 from plasticlm.fednl.stopping import DONE_FILE, ERROR_FILE, RunStopped, StoppableGrid, StopRequest
 from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
@@ -36,10 +36,8 @@ def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,
     num_nodes = len(tasks_for(cfg))
     strategy = ThetaAverage(cfg, checkpointer, start_round, num_nodes)
     _wait_for_nodes(grid, num_nodes, cfg.federation.min_clients)
-    strategy.start(grid=grid, initial_arrays=pack_theta(theta, "float32"),
-                   num_rounds=cfg.train.rounds - start_round,
-                   timeout=cfg.federation.round_timeout,
-                   train_config=ConfigRecord(), evaluate_config=ConfigRecord())
+    # plain FedNL, or under the run's privacy settings (Flower's DP wrappers, SecAgg+)
+    run_rounds(grid, strategy, theta, cfg.train.rounds - start_round, cfg, num_nodes)
 
 
 def _wait_for_nodes(grid: Grid, wanted: int, minimum: int, seconds: float = 120.0) -> None:
