@@ -1,8 +1,11 @@
 """Flower's deployment runtime on this machine: a SuperLink and N SuperNodes as separate
-processes on loopback, optionally over TLS, driven by ``flwr run``.
+processes, optionally over TLS, driven by ``flwr run``.
 
 This is what runs across machines, started on one: the same commands with other addresses
-(see the README). Flower's runtime dependency installation stays off; nothing is downloaded.
+(see docs/fednl.md). The SuperLink is plasticlm's (:mod:`plasticlm.fednl.superlink`):
+Flower's app behind the operator gate, so only loopback or the operator secret reaches the
+Control and runtime routes. Flower's runtime dependency installation stays off; nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from plasticlm.fednl.processes import (
     spawn,
     wait_port,
 )
+from plasticlm.fednl.superlink import make_operator_secret, operator_client
 from plasticlm.tls import make_certificates
 
 
@@ -50,8 +55,14 @@ def make_node_key(out: str | Path) -> tuple[Path, Path]:
 
 
 class LocalFederation:
-    """SuperLink + ``nodes`` SuperNodes on 127.0.0.1; ``run(...)`` submits a run with
+    """SuperLink + ``nodes`` SuperNodes on this machine; ``run(...)`` submits a run with
     ``flwr run`` and waits for it. Use as a context manager; every process is stopped on exit.
+
+    The SuperLink listens on ``host`` (default 127.0.0.1; another address of this machine to
+    be reached from the network, when it also listens on 127.0.0.1) behind the operator
+    gate: the SuperNodes reach its Fleet routes through ``host``; ``flwr`` (``run``,
+    ``register``, ``registered_nodes``) works as the operator from loopback;
+    ``operator_secret`` lets the operator in from elsewhere (:func:`operator_client`).
 
     ``auth=True`` (needs ``tls``) turns on SuperNode authentication: each node gets a key pair,
     its public key is registered with ``flwr supernode register`` before it starts, and the
@@ -59,38 +70,49 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: str | Path, nodes: int = 2, tls: bool = False,
-                 auth: bool = False):
+                 auth: bool = False, host: str = "127.0.0.1"):
         if auth and not tls:
             raise PlasticError("SuperNode authentication needs TLS: LocalFederation(tls=True, "
                                "auth=True)")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.nodes, self.tls, self.auth = nodes, tls, auth
+        self.nodes, self.tls, self.auth, self.host = nodes, tls, auth, host
         self.procs: list[subprocess.Popen] = []
+        self.operator_secret = make_operator_secret(self.workdir / "operator.secret")
         # the processes share this machine's cores: one torch thread each
         self.env = flower_env(self.workdir / "flwr_home", **{THREADS_ENV: "1"})
 
     def _spawn(self, args: list[str], log: str) -> None:
         self.procs.append(spawn(args, self.env, self.workdir / log, new_session=True))
 
+    def address(self, host: str | None = None) -> str:
+        """host:port of the SuperLink (``host`` default: the address it was bound to; a
+        wildcard binding is reached on 127.0.0.1)."""
+        host = host or self.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        return f"[{host}]:{self.link}" if ":" in host else f"{host}:{self.link}"
+
     def __enter__(self) -> LocalFederation:
         link, *node_ports = free_ports(1 + self.nodes)
         self.link = link
         if self.tls:
-            certs = make_certificates(self.workdir / "certs")
-            link_sec = ["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"]),
-                        "--ssl-keyfile", str(certs["key"])]
-            node_sec = ["--root-certificates", str(certs["ca"])]
-            conn = f'root-certificates = "{certs["ca"]}"'
+            hosts = tuple(dict.fromkeys(("127.0.0.1", "localhost", self.host)))
+            self.certs = make_certificates(self.workdir / "certs", hosts=hosts)
+            link_sec = ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile",
+                        str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"])]
+            node_sec = ["--root-certificates", str(self.certs["ca"])]
+            conn = f'root-certificates = "{self.certs["ca"]}"'
         else:
             link_sec, node_sec, conn = ["--insecure"], ["--insecure"], "insecure = true"
         home = self.workdir / "flwr_home"
         home.mkdir(exist_ok=True)
+        # the operator's connection: loopback, which the gate lets through
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-            f'address = "127.0.0.1:{link}"\n{conn}\n')
+            f'address = "{self.address("127.0.0.1")}"\n{conn}\n')
         self.node_sec = node_sec
-        self._spawn([flower_bin("flower-superlink"), *link_sec, "--host", "127.0.0.1", "--port",
+        self._spawn([sys.executable, "-m", "plasticlm.fednl.superlink", "--operator-secret-file",
+                     str(self.operator_secret), *link_sec, "--host", self.host, "--port",
                      str(link), "--disable-runtime-dependency-installation",
                      *(["--enable-supernode-auth"] if self.auth else [])], "superlink.log")
         wait_port(link, 60, self.procs[-1], self.workdir / "superlink.log")
@@ -115,10 +137,18 @@ class LocalFederation:
                    log: str | None = None) -> subprocess.Popen:
         """Start a SuperNode for partition ``index`` on ``port`` (``extra``: more flags)."""
         self._spawn([flower_bin("flower-supernode"), *self.node_sec, "--superlink",
-                     f"127.0.0.1:{self.link}", "--node-config",
+                     self.address(), "--node-config",
                      f"partition-id={index} num-partitions={self.nodes}", "--host", "127.0.0.1",
                      "--port", str(port), *extra], log or f"supernode{index}.log")
         return self.procs[-1]
+
+    def operator_client(self, host: str | None = None):
+        """Flower's Control API client that sends the operator secret, connecting to
+        ``host`` (default: the bound address) over TLS."""
+        if not self.tls:
+            raise PlasticError("the operator secret travels only over TLS: "
+                               "LocalFederation(tls=True)")
+        return operator_client(self.address(host), self.certs["ca"], self.operator_secret)
 
     def registered_nodes(self) -> list[dict]:
         """The SuperLink's nodes (``flwr supernode list``): id and status of each."""

@@ -1,0 +1,241 @@
+"""Only the operator commands a FedNL deployment: the operator gate in front of Flower's
+SuperLink (plasticlm.fednl.superlink) on its own, then a LocalFederation bound to a
+non-loopback address of this machine, probed by a stranger holding the CA certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import socket
+import subprocess
+
+import httpx
+import psutil
+import pytest
+from flwr.proto.control_pb2 import (  # pylint: disable=E0611
+    ListRunsRequest,
+    RegisterNodeRequest,
+    StartRunRequest,
+)
+
+from plasticlm.errors import PlasticError
+from plasticlm.fednl.processes import APP_DIR, flower_bin
+from plasticlm.fednl.superlink import (
+    OPERATOR_HEADER,
+    OperatorGate,
+    make_operator_secret,
+    read_operator_secret,
+)
+
+SECRET = b"s" * 40
+
+
+class Inner:
+    """A tiny ASGI app that records what reached it and reads the body when it runs."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def __call__(self, scope, receive, send):
+        self.calls.append(scope)
+        if scope["type"] == "http":
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+
+def call(gate: OperatorGate, path: str, client=("192.0.2.9", 5000), scheme="https",
+         headers=(), kind="http"):
+    """(messages sent, whether the body was read) for one request through ``gate``."""
+    sent, reads = [], []
+
+    async def receive():
+        reads.append(1)
+        return {"type": "http.request", "body": b"x" * 10, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": kind, "path": path, "method": "POST", "scheme": scheme, "client": client,
+             "headers": list(headers)}
+    asyncio.run(gate(scope, receive, send))
+    return sent, bool(reads)
+
+
+def status(sent) -> int | None:
+    return next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+
+
+CONTROL = ["/v1/control/register-node", "/v1/control/start-run", "/v1/control/list-runs",
+           "/v1/runtime/get-nodes", "/v1/runtime/pull-messages", "/docs", "/openapi.json", "/",
+           "/v1/fleet/../control/start-run", "/v1/fleet/x/../../control/list-runs",
+           "/v1/fleet/", "/v1/fleetx/start-run", "/v1/fleet/Get-Run", "//v1/control/list-runs"]
+
+
+@pytest.mark.parametrize("path", CONTROL)
+def test_the_gate_refuses_a_stranger_every_route_but_the_fleet_before_reading(path):
+    inner = Inner()
+    sent, read = call(OperatorGate(inner, SECRET), path)
+    assert status(sent) == 403 and not read and inner.calls == []
+
+
+@pytest.mark.parametrize("path", ["/v1/fleet/register-node", "/v1/fleet/pull-messages",
+                                  "/v1/fleet/get-fab", "/health"])
+def test_the_gate_lets_anyone_reach_the_fleet_routes_and_health(path):
+    inner = Inner()
+    sent, read = call(OperatorGate(inner, SECRET), path)
+    assert status(sent) == 200 and read and len(inner.calls) == 1
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"])
+def test_the_gate_lets_loopback_through_as_the_operator(peer):
+    inner = Inner()
+    sent, _ = call(OperatorGate(inner, None), "/v1/control/start-run", client=(peer, 1))
+    assert status(sent) == 200
+
+
+@pytest.mark.parametrize("peer", [None, ("10.0.0.1", 1), ("::ffff:10.0.0.1", 1),
+                                  ("localhost", 1), ("", 1)])
+def test_the_gate_treats_any_other_peer_as_a_stranger(peer):
+    sent, _ = call(OperatorGate(Inner(), None), "/v1/control/list-runs", client=peer)
+    assert status(sent) == 403
+
+
+def test_the_operator_secret_opens_the_control_routes_only_over_tls_and_exactly():
+    gate = OperatorGate(Inner(), SECRET)
+    good = [(OPERATOR_HEADER.encode(), SECRET)]
+    assert status(call(gate, "/v1/control/start-run", headers=good)[0]) == 200
+    assert status(call(gate, "/v1/control/start-run", headers=good, scheme="http")[0]) == 403
+    for bad in ([(OPERATOR_HEADER.encode(), SECRET[:-1])],
+                [(OPERATOR_HEADER.encode(), SECRET + b"x")],
+                [(OPERATOR_HEADER.encode(), b"")],
+                good + good,                      # two values: ambiguous, refused
+                [(b"authorization", b"Bearer " + SECRET)]):
+        assert status(call(gate, "/v1/control/start-run", headers=bad)[0]) == 403
+    # no secret configured: a header proves nothing
+    assert status(call(OperatorGate(Inner(), None), "/v1/control/start-run",
+                       headers=good)[0]) == 403
+
+
+def test_the_gate_closes_a_strangers_websocket_and_passes_lifespan():
+    inner = Inner()
+    gate = OperatorGate(inner, SECRET)
+    sent, _ = call(gate, "/v1/control/stream-logs", kind="websocket")
+    assert sent == [{"type": "websocket.close", "code": 1008}] and inner.calls == []
+    call(gate, "", client=None, kind="lifespan")
+    assert [s["type"] for s in inner.calls] == ["lifespan"]
+
+
+def test_the_operator_secret_file_is_private_and_long(tmp_path):
+    path = make_operator_secret(tmp_path / "op" / "operator.secret")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert len(read_operator_secret(path)) >= 32
+    path.chmod(0o644)
+    with pytest.raises(PlasticError, match="readable by others"):
+        read_operator_secret(path)
+    path.chmod(0o600)
+    path.write_text("short\n")
+    with pytest.raises(PlasticError, match="characters"):
+        read_operator_secret(path)
+    with pytest.raises(PlasticError, match="characters"):
+        OperatorGate(Inner(), b"short")
+
+
+def _public_address() -> str | None:
+    """An IPv4 address of this machine other than loopback and link-local, that binds."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family != socket.AF_INET:
+                continue
+            ip = ipaddress.ip_address(a.address)
+            if ip.is_loopback or ip.is_link_local:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((a.address, 0))
+                except OSError:
+                    continue
+            return a.address
+    return None
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """A TLS federation with node authentication and no nodes, bound to a non-loopback
+    address of this machine."""
+    from plasticlm.fednl.deploy import LocalFederation
+
+    host = _public_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind the SuperLink to")
+    with LocalFederation(tmp_path_factory.mktemp("fed"), nodes=0, tls=True, auth=True,
+                         host=host) as fed:
+        yield fed
+
+
+def _stranger(fed, path: str, body: bytes) -> httpx.Response:
+    """A POST from the non-loopback address, over TLS with the CA certificate, as Flower's
+    own client sends it."""
+    with httpx.Client(verify=str(fed.certs["ca"]), timeout=20) as client:
+        return client.post(f"https://{fed.address()}{path}", content=body,
+                           headers={"content-type": "application/protobuf",
+                                    "accept": "application/protobuf"})
+
+
+def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_run_nor_list(
+        federation, tmp_path):
+    from plasticlm.fednl.deploy import make_node_key
+
+    fed = federation
+    _, public = make_node_key(tmp_path / "stranger")
+    for path, request in [("/v1/control/register-node",
+                           RegisterNodeRequest(public_key=public.read_bytes())),
+                          ("/v1/control/start-run", StartRunRequest()),
+                          ("/v1/control/list-runs", ListRunsRequest())]:
+        answer = _stranger(fed, path, request.SerializeToString())
+        assert answer.status_code == 403, (path, answer.status_code, answer.text[:200])
+    # the Fleet routes stay open to it: Flower's node authentication answers there
+    assert _stranger(fed, "/v1/fleet/get-run", b"").status_code != 403
+    # the same as the issue's stranger did it: flwr with a connection to the public address
+    home = tmp_path / "stranger_home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "{fed.address()}"\n'
+        f'root-certificates = "{fed.certs["ca"]}"\n')
+    for args in (["supernode", "register", str(public)], ["run", str(APP_DIR)], ["ls"]):
+        done = subprocess.run([flower_bin("flwr"), *args, "x"],
+                              env=dict(fed.env, FLWR_HOME=str(home)), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode != 0 and "only the operator" in done.stdout + done.stderr, args
+    # nothing got in: the operator (loopback) sees no node and no run
+    assert fed.registered_nodes() == []
+    with fed.operator_client("127.0.0.1") as client:
+        assert list(client.ListRuns(ListRunsRequest()).run_dict) == []
+
+
+def _flwr(fed, *args: str) -> subprocess.CompletedProcess:
+    """``flwr ARGS local --format json`` as the operator: on loopback."""
+    return subprocess.run([flower_bin("flwr"), *args, "local", "--format", "json"],
+                          env=fed.env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_operator_registers_submits_and_lists_from_loopback_and_with_the_secret(
+        federation, tmp_path):
+    from plasticlm.fednl.deploy import make_node_key
+
+    fed = federation
+    _, public = make_node_key(tmp_path / "operator_node")
+    fed.register(public)                                   # flwr supernode register, loopback
+    assert len(fed.registered_nodes()) == 1
+    started = _flwr(fed, "run", str(APP_DIR))              # a run waiting for nodes
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = int(json.loads(started.stdout)["run-id"])
+    listed = _flwr(fed, "ls")
+    assert listed.returncode == 0 and [int(r["run-id"]) for r in json.loads(listed.stdout)["runs"]] \
+        == [run_id], listed.stdout + listed.stderr
+    with fed.operator_client() as client:     # from the non-loopback address, secret sent
+        assert list(client.ListRuns(ListRunsRequest()).run_dict) == [run_id]
+    assert _flwr(fed, "stop", str(run_id)).returncode == 0
+    assert _stranger(fed, "/v1/control/list-runs",
+                     ListRunsRequest().SerializeToString()).status_code == 403
