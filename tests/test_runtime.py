@@ -160,13 +160,14 @@ def test_a_new_run_removes_only_an_earlier_run_folder(tmp_path, capsys):
     for folder in (earlier, empty, theirs):
         folder.mkdir()
     (earlier / "config.json").write_text("{}")
+    (earlier / ".plasticlm").write_text('{"kind": "run"}')   # a plasticlm run's marker
     (theirs / "thesis.tex").write_text("years of work")
     clear_run_folder(earlier, "")
     clear_run_folder(empty, "")
     clear_run_folder(tmp_path / "absent", "")
-    assert not earlier.exists() and not empty.exists()
-    with pytest.raises(PlasticError, match="not a run folder; nothing was removed"):
+    assert [p.name for p in earlier.iterdir()] == [".plasticlm"] and empty.is_dir()
+    with pytest.raises(PlasticError, match="not written by plasticlm .*nothing was removed"):
         clear_run_folder(theirs, "")
     assert main(["demo", "--quick", "--out", str(theirs)]) == 2
     assert (theirs / "thesis.tex").read_text() == "years of work"
-    assert "give the demo another --out" in capsys.readouterr().err
+    assert "give another --out" in capsys.readouterr().err

@@ -21,9 +21,11 @@ from importlib import metadata
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import prepare_output, read_marker
 from plasticlm.runs import read_metrics, write_text_atomic
 
 REPORT_NAMES = ("index.html", "index.md")
+REPORT_FOLDER = "report"   # RUN/report/: the report's own marked folder
 PACKAGES = ("plasticlm", "torch", "transformers", "peft", "flwr")
 # Written by the page itself once the browser has loaded it: what rendered.
 _CHECK = """<script>
@@ -156,6 +158,8 @@ def _sections(root: Path) -> list[Path]:
         inner = f.relative_to(root).parts
         if any(x.startswith((".", "__")) or x.endswith(".partial") for x in inner):
             continue
+        if (read_marker(f) or {}).get("kind") == "report":   # a report, not the run's
+            continue
         tables = [p for p in f.glob("*.md") if p.name not in REPORT_NAMES]
         if tables or list(f.glob("*.png")) or (f / "config.json").exists():
             keep.append(f)
@@ -163,7 +167,8 @@ def _sections(root: Path) -> list[Path]:
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``index.html`` and ``index.md`` into ``run_dir``; returns their paths."""
+    """Write ``index.html`` and ``index.md`` into ``run_dir/report/`` (a marked folder of its
+    own: no file of the run, or of the user's, is ever replaced); returns their paths."""
     root = Path(run_dir)
     if not root.is_dir():
         raise PlasticError(f"{root} is not a run folder; give the folder a command wrote "
@@ -171,6 +176,8 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     folders = _sections(root)
     if not folders:
         raise PlasticError(f"{root} holds no tables, plots or config.json to report")
+    out = prepare_output(root / REPORT_FOLDER, "report",
+                         hint=f"move {root / REPORT_FOLDER} away to write the report")
     prov = provenance(root)
     md = [f"# Run report: {root}", "", f"Written {prov['written']}; commit {prov['commit']}; "
           + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()) + ".", ""]
@@ -197,7 +204,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
             data = base64.b64encode(png.read_bytes()).decode()
             body.append(f'<h3>{html.escape(png.name)}</h3>'
                         f'<img alt="{html.escape(png.name)}" src="data:image/png;base64,{data}">')
-            md += [f"![{png.name}]({png.relative_to(root)})", ""]
+            md += [f"![{png.name}](../{png.relative_to(root).as_posix()})", ""]
         config = folder / "config.json"
         if config.exists():
             text = config.read_text()
@@ -209,5 +216,5 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>plasticlm run report: "
             f"{html.escape(str(root))}</title>{_STYLE}</head><body>" + "\n".join(body)
             + _CHECK + "</body></html>\n")
-    return (write_text_atomic(root / "index.html", page),
-            write_text_atomic(root / "index.md", "\n".join(md).rstrip() + "\n"))
+    return (write_text_atomic(out / "index.html", page),
+            write_text_atomic(out / "index.md", "\n".join(md).rstrip() + "\n"))

@@ -1,5 +1,6 @@
-"""Run folders (``RunDir``, ``metrics.jsonl``, ``clear_run_folder``), atomic writes, the
-cache home and the shared data folder: no torch (torch's side of a run: ``runtime``)."""
+"""Run folders (``RunDir``, ``metrics.jsonl``, ``clear_run_folder``: marked output folders,
+``plasticlm.outputs``), atomic writes, the cache home and the shared data folder: no torch
+(torch's side of a run: ``runtime``)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,18 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import atomic_output, cache_root, prepare_output
 
 
 def cache_home() -> Path:
     """Where models and generated data live: ``$PLASTICLM_HOME`` or ``~/.cache/plasticlm``."""
-    home = os.environ.get("PLASTICLM_HOME")
-    path = Path(home) if home else Path.home() / ".cache" / "plasticlm"
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -48,33 +48,23 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_folder(folder: str | Path) -> Iterator[Path]:
+def atomic_folder(folder: str | Path, kind: str = "model") -> Iterator[Path]:
     """A fresh folder beside ``folder`` to write into; when the block ends without error it
-    replaces ``folder`` (so a crash never leaves half a model or checkpoint there).
+    replaces ``folder`` (so a crash never leaves half a model or checkpoint there). Only a
+    folder plasticlm wrote (its marker: ``plasticlm.outputs``) is ever replaced.
 
     >>> with atomic_folder(out) as tmp:          # doctest: +SKIP
     ...     model.save_pretrained(tmp)
     """
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    yield tmp
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    with atomic_output(folder, kind) as tmp:
+        yield tmp
 
 
-def clear_run_folder(folder: str | Path, hint: str) -> None:
-    """Remove ``folder`` for a new run, but only an earlier run's (it holds ``config.json``)
-    or an empty one: a mistyped output path must never delete a user's folder. Otherwise
-    raises :class:`PlasticError` ending with ``hint`` (what to pass instead)."""
-    folder = Path(folder)
-    if not folder.exists():
-        return
-    if folder.is_dir() and ((folder / "config.json").is_file() or not any(folder.iterdir())):
-        shutil.rmtree(folder)
-        return
-    raise PlasticError(f"{folder} exists and is not a run folder; nothing was removed: {hint}")
+def clear_run_folder(folder: str | Path, hint: str) -> Path:
+    """Empty ``folder`` for a new run and mark it, but only an earlier run's (it holds
+    plasticlm's marker) or an empty one: a mistyped output path must never delete a user's
+    folder. Otherwise raises :class:`PlasticError` ending with ``hint``."""
+    return prepare_output(folder, "run", fresh=True, hint=hint)
 
 
 class RunDir:
@@ -84,9 +74,8 @@ class RunDir:
     >>> run.log(step=1, loss=2.3)                # appends one JSON line
     """
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, kind: str = "run"):
+        self.path = prepare_output(path, kind)
 
     @classmethod
     def create(cls, name: str, config: Any = None, root: str | Path = "runs") -> RunDir:

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import prepare_output
 from plasticlm.runs import read_metrics
 
 STEP_KEYS = ("round", "step", "outer_step", "epoch")
@@ -50,7 +51,8 @@ def export_tensorboard(run_dir: str | Path, logdir: str | Path | None = None
     if not files:
         raise PlasticError(f"{run_dir} holds no metrics.jsonl; give a folder a plasticlm "
                            "command wrote")
-    logdir = Path(logdir) if logdir else run_dir / "tensorboard"
+    logdir = prepare_output(Path(logdir) if logdir else run_dir / "tensorboard", "tensorboard",
+                            hint="give another --tensorboard LOGDIR")
     written = 0
     for path in files:
         rel = path.parent.relative_to(run_dir)

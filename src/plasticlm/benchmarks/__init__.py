@@ -31,6 +31,7 @@ import torch
 from plasticlm.benchmarks.delta_rule import delta_rule_rows
 from plasticlm.benchmarks.methods import refine_rows, scol_rows, state_rows, wire_rows
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import prepare_output
 from plasticlm.plotting import plt
 from plasticlm.runs import write_text_atomic
 from plasticlm.runtime import machine
@@ -41,8 +42,7 @@ def run_bench(out: str | Path, quick: bool = False, threads: int = 1) -> dict:
     if threads < 1:
         raise PlasticError(f"threads must be >= 1, not {threads}")
     torch.set_num_threads(threads)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output(out, "run", hint="give another --out")
     t0 = time.time()
     report = {
         "setup": {"threads": threads, "quick": quick, **machine(),

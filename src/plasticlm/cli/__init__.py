@@ -16,6 +16,7 @@ from plasticlm import __version__
 from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
+from plasticlm.outputs import check_output, overwrite_allowed
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
 COMMANDS = ("demo", "models", "data", "memory", "fednl", "refine", "scol", "report", "bench")
@@ -123,7 +124,11 @@ def _run(argv: list[str] | None) -> int:
     try:
         # the thread policy and, for commands that load models, their device and dtype:
         # set once here for the whole command (plasticlm.runtime)
-        with threads(args.global_threads), _runtime(args):
+        with threads(args.global_threads), _runtime(args), \
+                overwrite_allowed(getattr(args, "overwrite", False)):
+            for dest in getattr(args, "output_args", ()):
+                if getattr(args, dest, None):   # refused before any work
+                    check_output(getattr(args, dest), f"give another {_flag(args, dest)}")
             return args.func(args) or 0
     except Stopped as e:
         print(f"plasticlm: {e}", file=sys.stderr)
@@ -137,6 +142,10 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)
         return 130
+
+
+def _flag(args, dest: str) -> str:
+    return dest.upper() if dest.endswith("_dir") else "--" + dest
 
 
 def _runtime(args):

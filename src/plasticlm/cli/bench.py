@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from plasticlm.cli.options import add_overwrite_option
+from plasticlm.outputs import prepare_output
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="performance comparisons, each a ratio against a named "
@@ -11,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Delta rule (chunkwise vs transformers' reference and the "
                        "recurrent form, fwd and fwd+bwd), inference state (memory stream vs "
                        "full KV cache), bytes per round (FedNL vs LoRA-FedAvg and full FedAvg), "
-                       "in one run; writes OUT/bench.json, OUT/bench.png and OUT/index.html.")
+                       "in one run; writes OUT/bench.json, OUT/bench.png and OUT/report/index.html.")
     p.add_argument("--out", default="bench/results/bench", help="folder for the results")
     p.add_argument("--quick", action="store_true", help="short lengths (a smoke test)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the timings")
@@ -24,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="with --shape: cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="with --shape: the base models' dtype (SCoL's stays float32)")
+    add_overwrite_option(p, "out")
     p.set_defaults(func=_bench)
 
 
@@ -41,7 +45,6 @@ def _bench(args) -> int:
 
 def _shape_bench(args) -> int:
     import json
-    from pathlib import Path
 
     import torch
 
@@ -56,8 +59,7 @@ def _shape_bench(args) -> int:
     torch.set_num_threads(args.threads)
     report = run_shape_bench(args.shape, args.layers, args.batch, args.dtype, args.device)
     print("\n".join(report["lines"]))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output(args.out, "run", hint="give another --out")
     name = f"shape_{args.shape}_L{args.layers or 'all'}_{args.dtype}_{args.device}.json"
     write_text_atomic(out / name, json.dumps(report, indent=1) + "\n")
     print(f"wrote {out / name}")

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.outputs import prepare_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "real dataset formats under --out.")
     q.add_argument("--seed", type=int, default=None, help="the world's seed (same as --set seed=N)")
     q.add_argument("--out", required=True)
-    add_config_options(q, "plasticlm.sandbox.world:WorldConfig")
+    add_config_options(q, "plasticlm.sandbox.world:WorldConfig")  # --overwrite with it
     q.set_defaults(func=_world)
 
     q = dsub.add_parser("niah", help="write RULER-style needle-in-a-haystack samples (JSONL)",
@@ -56,7 +57,7 @@ def _world(args) -> int:
 
     cfg = load_from_args(WorldConfig, args, [] if args.seed is None else [f"seed={args.seed}"])
     world = generate_world(cfg)
-    out = write_world(world, args.out)
+    out = write_world(world, prepare_output(args.out, "data", hint="give another --out"))
     write_world_tasks(world, out, seed=cfg.seed)
     print(json.dumps(_describe(out), indent=1))
     return 0
@@ -86,6 +87,9 @@ def _niah(args) -> int:
         raise PlasticError(f"unknown NIAH task {args.task!r}; choose one of {', '.join(TASKS)}")
     if args.n < 1 or args.length < 1:
         raise PlasticError(f"--n and --length must be >= 1 (got {args.n}, {args.length})")
+    if Path(args.out).exists() or Path(args.out).is_symlink():   # never replaced: not ours
+        raise PlasticError(f"{args.out} exists; nothing was written: remove it or give "
+                           "another --out")
     tokenizer = None
     if args.tokenizer:
         from transformers import AutoTokenizer

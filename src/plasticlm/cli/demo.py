@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 
-from plasticlm.cli.options import add_runtime_options
+from plasticlm.cli.options import add_overwrite_option, add_runtime_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="the seconds-long quick preset (tests)")
     p.add_argument("--out", default="runs/demo", help="run folder")
     add_runtime_options(p)
+    add_overwrite_option(p, "out")
     p.set_defaults(func=run_demo)
 
 

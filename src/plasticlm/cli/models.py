@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from plasticlm.cli.options import add_runtime_options
+from plasticlm.cli.options import add_overwrite_option, add_runtime_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("model_bin")
     q.add_argument("tokenizer_bin")
     q.add_argument("out_dir")
+    add_overwrite_option(q, "out_dir")
     q.set_defaults(func=_import_llama2c)
 
     q = msub.add_parser("info", help="load a model and print its shape",
@@ -51,13 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--num-heads", type=int, default=4)
     q.add_argument("--num-kv-heads", type=int, default=None)
     q.add_argument("--seed", type=int, default=0)
+    add_overwrite_option(q, "out_dir")
     q.set_defaults(func=_build_tiny)
 
 
 def _import_llama2c(args) -> int:
     from plasticlm.models import import_llama2c
+    from plasticlm.runs import atomic_folder
 
-    out = import_llama2c(args.model_bin, args.tokenizer_bin, args.out_dir)
+    with atomic_folder(args.out_dir) as tmp:   # marked; nothing left when the import fails
+        import_llama2c(args.model_bin, args.tokenizer_bin, tmp)
+    out = args.out_dir
     print(f"wrote {out} (load with AutoModelForCausalLM/AutoTokenizer.from_pretrained)")
     return 0
 
@@ -98,10 +103,12 @@ def _generate(args) -> int:
 
 def _build_tiny(args) -> int:
     from plasticlm.models import build_tiny, describe
+    from plasticlm.runs import atomic_folder
 
     model = build_tiny(args.arch, seed=args.seed, vocab_size=args.vocab_size,
                        hidden_size=args.hidden_size, num_layers=args.num_layers,
                        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads)
-    model.save_pretrained(args.out_dir)
+    with atomic_folder(args.out_dir) as tmp:
+        model.save_pretrained(tmp)
     print(json.dumps(describe(model)), "->", args.out_dir)
     return 0

@@ -34,18 +34,29 @@ def config_keys(*targets: str) -> Callable[[], str]:
 
 def add_config_options(p: argparse.ArgumentParser, *targets: str,
                        quick: str | None = None) -> None:
-    """``--config``, ``--set`` (into ``args.overrides``) and, with ``quick`` (a packaged preset
-    ``METHOD/NAME``), ``--quick``; the key list of ``targets`` goes into ``--help``."""
+    """``--config``, ``--set`` (into ``args.overrides``), ``--overwrite`` and, with ``quick``
+    (a packaged preset ``METHOD/NAME``), ``--quick``; the key list of ``targets`` goes into
+    ``--help``."""
     names = " or ".join(t.split(":")[1] for t in targets)
     p.formatter_class = HelpFormatter
     p.epilog = config_keys(*targets)
     p.add_argument("--config", metavar="FILE", help=f"TOML/YAML/JSON file of {names} fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, dotted for nested ones (repeatable; keys below)")
+    add_overwrite_option(p, "out")
     if quick:
         p.add_argument("--quick", action="store_true",
                        help=f"start from the packaged preset configs/{quick}.toml (a smoke test)")
         p.set_defaults(quick_preset=quick)
+
+
+def add_overwrite_option(p: argparse.ArgumentParser, *outputs: str) -> None:
+    """``--overwrite``; ``outputs``: the destinations of ``p`` that name an output folder,
+    checked before the command starts (``plasticlm.outputs.check_output``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help="let the command add its files to a non-empty folder plasticlm did "
+                   "not write (it never removes or replaces anything there)")
+    p.set_defaults(output_args=outputs)
 
 
 def load_from_args(cls, args, extra: list[str] = ()):

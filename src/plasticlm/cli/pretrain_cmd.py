@@ -8,6 +8,7 @@ from pathlib import Path
 
 from plasticlm.cli.options import add_config_options, load_from_args
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import prepare_output
 
 
 def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +54,8 @@ def _pretrain(args) -> int:
                                                  "valid_loss", "unigram_loss")}))
         print(f"model and tokenizer in {args.out} (report: pretrain_report.json)")
         return 0
+    if args.out:
+        prepare_output(args.out, "model", hint="give another --out")
     if args.out or args.force:
         pretrain_preset(args.preset, args.out, reuse=not args.force)
     else:

@@ -9,6 +9,7 @@ import json
 
 from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.cli.refine_ask import add_ask, add_registry, add_serve
+from plasticlm.outputs import prepare_output
 from plasticlm.run_report import write_report
 
 
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--examples", type=int, default=2000, help="general examples to train on")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     add_runtime_options(q)
-    q.set_defaults(func=_pretrain_fuser)
+    q.set_defaults(func=_pretrain_fuser, output_args=("registry",))
 
     add_ask(rsub)
     add_serve(rsub)
@@ -86,7 +87,7 @@ def _train_fuser(args) -> int:
         "train_splits": _split(args.splits)}))
     examples = make_examples(train_q, prompt_fn, private=cfg.private)
     fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
-    out = fuser.save_pretrained(args.out)
+    out = fuser.save_pretrained(prepare_output(args.out, "fuser", hint="give another --out"))
     r_params = sum(p.numel() for p in receiver.model.parameters())
     summary = {"out": str(Path(out)), "examples": len(examples), "steps": len(losses),
                "first_loss": round(losses[0], 4),
@@ -120,6 +121,7 @@ def _pretrain_fuser(args) -> int:
                            "more sentences, or Q/A lines)")
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
     fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
+    prepare_output(args.registry, "registry", hint="give another --registry")
     folder = fuser.save_pretrained(pair_folder(args.registry, transmitter.name, receiver.name))
     summary = {"receiver": args.receiver, "transmitter": args.transmitter, "corpus": str(corpus),
                "examples": len(examples), **loss_summary(losses), "gates_on": fuser.gates_on(),

@@ -7,6 +7,7 @@ import json
 
 from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
 from plasticlm.errors import PlasticError
+from plasticlm.outputs import prepare_output
 from plasticlm.run_report import write_report
 
 
@@ -89,7 +90,6 @@ def _check_policy(path: str) -> None:
 
 
 def _run(args) -> int:
-    from pathlib import Path
 
     from plasticlm.data.squad import load_squad
     from plasticlm.models import load_causal_lm
@@ -111,8 +111,7 @@ def _run(args) -> int:
         policy, tok, stream, cfg.scol, "greedy",
         on_commit=lambda t, m: mat.add_row(m, tok, t), progress=not args.no_progress,
         replay=replay_pool(cfg, tok))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output(args.out, "run", hint="give another --out")
     summary = mat.summary()
     summary["layers"] = [list(r.layers) for r in records]
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -136,17 +135,21 @@ def _experiment(args) -> int:
         raise PlasticError(f"--sweep is for 'sweep' only, not {args.which!r}")
     if args.policy:
         _check_policy(args.policy)
-    out = args.out or f"runs/scol-{args.which}"
+    if args.which == "sweep":
+        from plasticlm.config import load_config
+        from plasticlm.scol.calibrate import SweepConfig
+
+        grid = load_config(SweepConfig, None, args.sweep)
+    out = prepare_output(args.out or f"runs/scol-{args.which}", "experiment",
+                         hint="give another --out")
     progress = not args.no_progress
     if args.which == "squad":
         report = run_squad(cfg, out, progress=progress)
         print((Path(out) / "report.md").read_text())
         print(f"seconds: {report['seconds']}")
     elif args.which == "sweep":
-        from plasticlm.config import load_config
-        from plasticlm.scol.calibrate import SweepConfig, run_sweep
+        from plasticlm.scol.calibrate import run_sweep
 
-        grid = load_config(SweepConfig, None, args.sweep)
         report = run_sweep(cfg, grid, out, progress=progress)
         print((Path(out) / "sweep.md").read_text())
     elif args.which == "gate":

@@ -11,6 +11,7 @@ from plasticlm.eval import format_ci, seed_ci
 from plasticlm.fednl.setup import build_model, tasks_for
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import ExperimentConfig, Variant, federated_config
+from plasticlm.outputs import prepare_output
 
 
 def run_comm_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
@@ -57,8 +58,8 @@ def run_comm_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
                f"\n\nfloat32, {clients} clients. Paper: FedNL 0.26 MB vs 22.5 MB for FedAvg's "
                "trainable adapter, i.e. 87x by its own figures (its text says 350x); a design "
                "ratio of adapter sizes, not of equal-rank LoRA.")}
-    root = Path(cfg.out) / "comm"
-    root.mkdir(parents=True, exist_ok=True)
+    root = prepare_output(Path(cfg.out) / "comm", "experiment",
+                          hint="choose another --set out=...")
     (root / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root / "table.md").write_text(out["table"] + "\n")
     return out

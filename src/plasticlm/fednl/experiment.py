@@ -52,6 +52,7 @@ from plasticlm.fednl.variants import (
     trained_model,
     variants,
 )
+from plasticlm.outputs import prepare_output
 from plasticlm.plotting import plt
 from plasticlm.sandbox import resolve_data_spec
 
@@ -96,8 +97,8 @@ def _load_results(path: Path, cfg: ExperimentConfig) -> dict:
 
 def run_accuracy_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     """mmlu / niah / openbook: every variant x seed, scored per item; returns the results."""
-    root = Path(cfg.out) / cfg.experiment
-    root.mkdir(parents=True, exist_ok=True)
+    root = prepare_output(Path(cfg.out) / cfg.experiment, "experiment",
+                          hint="choose another --set out=...")
     path = root / "results.json"
     results = _load_results(path, cfg)
     for seed in range(cfg.seeds):

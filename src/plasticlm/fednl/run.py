@@ -27,6 +27,7 @@ from plasticlm.fednl.stopping import DONE_FILE, ERROR_FILE, StopRequest
 from plasticlm.fednl.strategy import progress_line
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
+from plasticlm.outputs import check_output, prepare_output
 from plasticlm.runs import clear_run_folder
 from plasticlm.runtime import dtype_name, pick_device, pick_dtype
 from plasticlm.sandbox import resolve_model_spec
@@ -110,6 +111,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     it within seconds with :class:`Stopped`; the rounds committed so far stay.
     """
     # what the server and clients would fail on, refused before anything is written
+    if not resume:   # a folder plasticlm did not write: refused before any model is built
+        check_output(Path(cfg.outputs.out) / cfg.name, "choose another --set name=... or out=...")
     check_model_source(resolve_model_spec(cfg.model))
     clients = len(tasks_for(cfg))
     if cfg.federation.min_clients > clients:
@@ -125,7 +128,7 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
             read_saved_config(FedNLConfig, run_dir) != cfg:
         raise PlasticError(f"{run_dir} was started with another config; resume with the same "
                            "config (see its config.json, or `--config` it)")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    prepare_output(run_dir, "run", hint="choose another --set name=... or out=...")
     save_config(cfg, run_dir)
 
     warning = cfg.gate_warning()

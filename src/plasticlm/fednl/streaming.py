@@ -35,6 +35,7 @@ from plasticlm.fednl.variants import (
     variants,
 )
 from plasticlm.memory import MemoryStream
+from plasticlm.outputs import prepare_output
 from plasticlm.plotting import plt
 from plasticlm.runtime import dtype_name
 from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
@@ -147,8 +148,8 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
         f"{cfg.stream_from} runs' thetas. In-stream questions: each asked where it stands in "
         "the stream, answered by 4-way choice from the stream's state (chance 25%; windowed "
         "rows only), the halves split at half the last question's position in each stream.")
-    root_s = Path(cfg.out) / "stream"
-    root_s.mkdir(parents=True, exist_ok=True)
+    root_s = prepare_output(Path(cfg.out) / "stream", "experiment",
+                            hint="choose another --set out=...")
     (root_s / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root_s / "table.md").write_text(out["table"] + "\n")
     return out
@@ -247,8 +248,8 @@ def run_memory_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
            "table": "\n".join(lines) + "\n\nMeasured on the live stream state and DynamicCache "
                     f"({dtype_name(param.dtype)}); the paper reports no OOM at "
                     "16K tokens for FedNL."}
-    root = Path(cfg.out) / "memory"
-    root.mkdir(parents=True, exist_ok=True)
+    root = prepare_output(Path(cfg.out) / "memory", "experiment",
+                          hint="choose another --set out=...")
     (root / "results.json").write_text(json.dumps(out, indent=1) + "\n")
     (root / "table.md").write_text(out["table"] + "\n")
     _plot_memory(rows, root / "memory.png")
