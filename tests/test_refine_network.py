@@ -28,7 +28,7 @@ from plasticlm.tls import make_certificates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-0123456789"
 
 
 def _free_port() -> int:

@@ -10,7 +10,12 @@ import json
 import os
 from collections.abc import Callable
 
-from plasticlm.cli.options import HelpFormatter, add_runtime_options
+from plasticlm.cli.options import (
+    HelpFormatter,
+    add_config_options,
+    add_runtime_options,
+    load_from_args,
+)
 
 
 def _choices_text(*which: str) -> Callable[[], str]:
@@ -76,6 +81,8 @@ def add_serve(rsub: argparse._SubParsersAction) -> None:
                    "send caches (listed below; default bf16)")
     _service_options(q, 8701)
     add_runtime_options(q)
+    keys, quants = q.epilog, _choices_text("quant")
+    q.epilog = lambda: f"{quants()}\n\n{keys()}"   # both built only when help is shown
     q.set_defaults(func=_serve)
 
 
@@ -95,9 +102,12 @@ def _service_options(q: argparse.ArgumentParser, port: int) -> None:
     q.add_argument("--port", type=int, default=port)
     q.add_argument("--tls-cert", default="", help="TLS certificate (PEM); with --tls-key")
     q.add_argument("--tls-key", default="")
-    q.add_argument("--max-payload-mb", type=float, default=64.0, help="largest request body")
-    q.add_argument("--timeout", type=float, default=30.0, help="seconds before a peer is "
-                   "skipped")
+    q.add_argument("--max-payload-mb", type=float, default=None, help="largest request body "
+                   "(default 64; the setting max_payload_bytes)")
+    q.add_argument("--timeout", type=float, default=None, help="seconds before a peer is "
+                   "skipped (default 30; the setting peer_timeout)")
+    # The limits (choices, tokens, requests in flight): --config/--set, listed in --help.
+    add_config_options(q, "plasticlm.refine.serving:ServiceConfig")
     q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
 
 
@@ -107,30 +117,43 @@ def _choices(args) -> list[str]:
 
 def _token() -> str | None:
     # From the environment, not argv: a command line is visible to every user of the machine.
-    return os.environ.get("PLASTICLM_TOKEN") or None
+    # Set but empty or short is refused, never read as "no token".
+    from plasticlm.refine.serving import check_token
+
+    token = os.environ.get("PLASTICLM_TOKEN")
+    check_token(token, "127.0.0.1")
+    return token
 
 
 def _service_config(args, **kw):
+    import dataclasses
     from pathlib import Path
 
-    from plasticlm.config import from_dict
     from plasticlm.errors import PlasticError
     from plasticlm.refine.quant import QUANTS
-    from plasticlm.refine.serving import ServiceConfig, check_listen, check_url
+    from plasticlm.refine.serving import ServiceConfig, check_listen, check_token, check_url
 
     QUANTS.check(getattr(args, "quant", "bf16"))
-    if not args.max_payload_mb > 0:
+    if args.max_payload_mb is not None and not args.max_payload_mb > 0:
         raise PlasticError(f"--max-payload-mb must be > 0, not {args.max_payload_mb}")
-    if not args.timeout > 0:
+    if args.timeout is not None and not args.timeout > 0:
         raise PlasticError(f"--timeout must be > 0 seconds, not {args.timeout}")
+    cfg = load_from_args(ServiceConfig, args)
+    if cfg.token is not None:
+        raise PlasticError("the token is read from $PLASTICLM_TOKEN only (a command line or "
+                           "a file would show it to others)")
+    token = _token()
+    check_token(token, args.host)
     check_listen(args.host, args.port, args.tls_cert, args.tls_key)
     for url in getattr(args, "peer", None) or []:
         check_url(url, "--peer")
     if args.ca and not Path(args.ca).is_file():
         raise PlasticError(f"--ca {args.ca}: no such file (a PEM bundle of the peers' CA)")
-    return from_dict(ServiceConfig, {
-        "token": _token(), "max_payload_bytes": int(args.max_payload_mb * 2**20),
-        "peer_timeout": args.timeout, "verify": args.ca or True, **kw})
+    if args.max_payload_mb is not None:
+        kw["max_payload_bytes"] = int(args.max_payload_mb * 2**20)
+    if args.timeout is not None:
+        kw["peer_timeout"] = args.timeout
+    return dataclasses.replace(cfg, token=token, verify=args.ca or cfg.verify, **kw)
 
 
 def _serve(args) -> int:
@@ -139,9 +162,9 @@ def _serve(args) -> int:
     from plasticlm.refine.service import peer_app
     from plasticlm.refine.serving import serve
 
-    config = _service_config(args, peers=args.peer, quant=args.quant)
-    fusers = FuserSource(args.registry, config.token, args.timeout, config.verify) \
-        if args.registry else None
+    config = _service_config(args, peers=tuple(args.peer), quant=args.quant)
+    fusers = FuserSource(args.registry, config.token, config.peer_timeout, config.verify,
+                         config.connect_timeout) if args.registry else None
     peer = load_peer(args.model)
     scheme = "https" if args.tls_cert else "http"
     print(f"peer {peer.name} on {scheme}://{args.host}:{args.port}"

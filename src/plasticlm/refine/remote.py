@@ -18,7 +18,8 @@ from plasticlm.refine.cache import KVLayout
 from plasticlm.refine.codec import MAX_PAYLOAD_BYTES, PayloadError, decode_bundle, decode_fuser
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.peer import Transmission, text_digest
-from plasticlm.refine.registry import load_registered
+from plasticlm.refine.registry import check_name, load_registered, name_in_url
+from plasticlm.refine.serving import CONNECT_TIMEOUT
 
 
 class PeerUnavailable(PlasticError):
@@ -29,21 +30,28 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def http_client(timeout: float, verify: str | bool = True) -> httpx.Client:
-    """The HTTP client peers use (``verify``: a CA bundle path for a private TLS CA)."""
-    return httpx.Client(timeout=timeout, verify=verify)
+def http_client(timeout: float, verify: str | bool = True,
+                connect: float = CONNECT_TIMEOUT) -> httpx.Client:
+    """The HTTP client peers use: ``connect`` and ``timeout`` (read, write, pool) seconds;
+    ``verify``: a CA bundle path for a private TLS CA. Redirects are never followed, so the
+    token goes only to the address it was configured for."""
+    return httpx.Client(timeout=httpx.Timeout(timeout, connect=min(connect, timeout)),
+                        verify=verify, follow_redirects=False)
 
 
 def call_peer(client: httpx.Client, method: str, url: str, token: str | None, **kw
               ) -> httpx.Response:
     """One request to a peer or registry; :class:`PeerUnavailable` names what went wrong."""
     try:
-        r = client.request(method, url, headers=_headers(token), **kw)
+        r = client.request(method, url, headers=_headers(token), follow_redirects=False, **kw)
     except httpx.TimeoutException:
         raise PeerUnavailable(f"{url}: no answer within {client.timeout.read} s") from None
     except httpx.HTTPError as e:
         raise PeerUnavailable(f"{url}: unreachable ({type(e).__name__})") from None
-    if r.status_code >= 400:
+    if r.is_redirect:
+        raise PeerUnavailable(f"{url}: HTTP {r.status_code} redirect, not followed (the token "
+                              "goes only to the configured address)")
+    if not r.is_success:
         try:
             detail = r.json().get("detail", r.text)
         except ValueError:
@@ -58,10 +66,10 @@ class RemotePeer:
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0,
                  quant: str = "bf16", verify: str | bool = True,
-                 max_bytes: int = MAX_PAYLOAD_BYTES):
+                 max_bytes: int = MAX_PAYLOAD_BYTES, connect: float = CONNECT_TIMEOUT):
         self.url = url.rstrip("/")
         self.token, self.quant, self.max_bytes = token, quant, max_bytes
-        self.client = http_client(timeout, verify)
+        self.client = http_client(timeout, verify, connect)
         self._info: dict | None = None
 
     def using(self, quant: str) -> RemotePeer:
@@ -78,7 +86,13 @@ class RemotePeer:
     @property
     def info(self) -> dict:
         if self._info is None:
-            self._info = call_peer(self.client, "GET", f"{self.url}/info", self.token).json()
+            info = call_peer(self.client, "GET", f"{self.url}/info", self.token).json()
+            try:
+                check_name(info.get("name") if isinstance(info, dict) else None,
+                           "the name it gives")
+            except PlasticError as e:
+                raise PeerUnavailable(f"{self.url}: {e}") from None
+            self._info = info
         return self._info
 
     @property
@@ -153,13 +167,13 @@ class FuserSource:
     then kept)."""
 
     def __init__(self, where: str, token: str | None = None, timeout: float = 30.0,
-                 verify: str | bool = True):
+                 verify: str | bool = True, connect: float = CONNECT_TIMEOUT):
         self.where = where
         self.remote = where.startswith(("http://", "https://"))
         if not self.remote and not Path(where).is_dir():
             raise PlasticError(f"fuser registry {where} is not a folder or an http(s) URL")
         self.token = token
-        self.client = http_client(timeout, verify) if self.remote else None
+        self.client = http_client(timeout, verify, connect) if self.remote else None
         self._cache: dict[tuple[str, str], Fuser] = {}
         self._lock = threading.Lock()
 
@@ -173,7 +187,8 @@ class FuserSource:
     def _fetch(self, transmitter: str, receiver: str) -> Fuser:
         if not self.remote:
             return load_registered(self.where, transmitter, receiver)
-        url = f"{self.where.rstrip('/')}/fusers/{transmitter}/{receiver}"
+        url = (f"{self.where.rstrip('/')}/fusers/{name_in_url(transmitter, 'transmitter')}/"
+               f"{name_in_url(receiver, 'receiver')}")
         try:
             r = call_peer(self.client, "GET", url, self.token)
         except PeerUnavailable as e:

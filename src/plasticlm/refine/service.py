@@ -2,62 +2,41 @@
 prompt and return its cache; receive caches and answer; ask its configured peers for help),
 and a *registry* serves the fuser of every ordered pair.
 
-Every payload is checked before use (size before reading, then the codec's checks, then the
-shapes against the fuser that will read it); a bad one gets a 4xx with the reason and changes
-nothing. Model calls run one at a time per process (one model, one lock).
+Every request passes the guard first (token, body size, requests in flight:
+:mod:`plasticlm.refine.guard`), then its limits in tokens (:mod:`plasticlm.refine.requests`),
+then the codec's checks and the shapes against the fuser that will read it; a bad one gets a
+4xx with the reason and changes nothing. Model calls run one at a time per process (one model,
+one lock).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Annotated
 
 import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine.codec import PayloadError, decode_bundle, encode_bundle, encode_fuser
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.fuser_config import Share
+from plasticlm.refine.guard import ServiceGuard
 from plasticlm.refine.link import Link
-from plasticlm.refine.modes import MODES, Order, RefineConfig
+from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.quant import QUANTS
-from plasticlm.refine.registry import load_registered, registered_pairs
+from plasticlm.refine.registry import check_name, load_registered, registered_pairs
 from plasticlm.refine.remote import FuserSource, PeerUnavailable, Received, RemotePeer
-from plasticlm.refine.serving import ServiceConfig, auth, read_limited, reply_errors
-
-MAX_TEXT_CHARS = 8000
-MAX_NEW_TOKENS = 256
-Quant = Annotated[str, QUANTS.key]
+from plasticlm.refine.requests import AskRequest, GenerateRequest, PrefillRequest, check_limits
+from plasticlm.refine.serving import ServiceConfig, reply_errors
 
 
-class PrefillRequest(BaseModel):
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-    draft_tokens: int = Field(0, ge=0, le=MAX_NEW_TOKENS)
-    layers: list[int] | None = Field(None, max_length=256)
-    share: Share = "all"
-    quant: Quant = "bf16"
-
-
-class GenerateRequest(BaseModel):
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-    max_new_tokens: int = Field(24, ge=1, le=MAX_NEW_TOKENS)
-    stop: list[str] = Field(default_factory=lambda: ["\n"], max_length=8)
-
-
-class AskRequest(BaseModel):
-    prompt: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-    mode: Annotated[str, MODES.key] = "c2c"
-    choices: list[str] = Field(default_factory=list, max_length=64)
-    max_new_tokens: int = Field(24, ge=1, le=MAX_NEW_TOKENS)
-    private: bool = False
-    order: Order = "parallel"
-    quant: Quant | None = None    # /ask: how the peers send caches (default: the service's)
+def guarded(app: FastAPI, config: ServiceConfig) -> ServiceGuard:
+    """``app`` behind the guard that checks the token, the body size and the requests in
+    flight before the app reads anything."""
+    return ServiceGuard(app, config.token, config.max_payload_bytes, config.max_concurrent)
 
 
 def _result(fr: FedRefine, ask: AskRequest, skipped: list[str]) -> dict:
@@ -80,16 +59,16 @@ def _result(fr: FedRefine, ask: AskRequest, skipped: list[str]) -> dict:
 
 
 def peer_app(peer: Peer, fusers: FuserSource | None = None,
-             config: ServiceConfig | None = None) -> FastAPI:
+             config: ServiceConfig | None = None) -> ServiceGuard:
     """The service of one device's model ``peer`` (``fusers``: where it finds the fuser from
     each transmitter into itself, needed to answer with caches)."""
     config = config or ServiceConfig()
     app = FastAPI(title=f"plasticlm peer {peer.name}")
     reply_errors(app)
-    needs_token = auth(config)
     lock = threading.Lock()
     remotes = [RemotePeer(u, config.token, config.peer_timeout, config.quant, config.verify,
-                          config.max_payload_bytes) for u in config.peers]
+                          config.max_payload_bytes, config.connect_timeout)
+               for u in config.peers]
 
     def run(fn, *a):
         def locked():
@@ -108,11 +87,16 @@ def peer_app(peer: Peer, fusers: FuserSource | None = None,
             raise PlasticError(f"{peer.name} has no fuser registry (serve it with --registry)")
         return fusers.fuser(name, peer.name)
 
+    def check_ask(ask: AskRequest) -> None:
+        check_mode(ask.mode)
+        check_limits(config, peer.tokenizer, ask.prompt, ask.choices,
+                     0 if ask.choices else ask.max_new_tokens)
+
     @app.get("/health")
     def health() -> dict:
         return {"ok": True, "name": peer.name}
 
-    @app.get("/info", dependencies=[needs_token])
+    @app.get("/info")
     def info() -> dict:
         lay = peer.layout
         return {"name": peer.name, "model_type": lay.model_type, "num_layers": lay.num_layers,
@@ -120,8 +104,9 @@ def peer_app(peer: Peer, fusers: FuserSource | None = None,
                 "rope_scaling": lay.rope_scaling, "inv_freq": lay.inv_freq.tolist(),
                 "quants": list(QUANTS), "max_payload_bytes": config.max_payload_bytes}
 
-    @app.post("/prefill", dependencies=[needs_token])
+    @app.post("/prefill")
     async def prefill(req: PrefillRequest) -> Response:
+        check_limits(config, peer.tokenizer, req.text, new_tokens=req.draft_tokens)
         bad = [x for x in req.layers or [] if not 0 <= x < peer.layout.num_layers]
         if bad:
             raise PlasticError(f"layers {bad} do not exist in {peer.name} "
@@ -133,23 +118,24 @@ def peer_app(peer: Peer, fusers: FuserSource | None = None,
                         headers={"x-prefill-seconds": f"{sent.seconds['prefill']:.6f}",
                                  "x-encode-seconds": f"{time.perf_counter() - t0:.6f}"})
 
-    @app.post("/generate", dependencies=[needs_token])
+    @app.post("/generate")
     async def generate(req: GenerateRequest) -> dict:
+        check_limits(config, peer.tokenizer, req.text, new_tokens=req.max_new_tokens)
         return {"text": await run(peer.generate, req.text, req.max_new_tokens,
                                   tuple(req.stop))}
 
-    @app.post("/answer", dependencies=[needs_token])
+    @app.post("/answer")
     async def answer(request: Request) -> dict:
         """Answer with the caches in the body (a codec bundle whose request is an AskRequest
         plus optional t2t ``background`` texts)."""
-        body = await read_limited(request, config.max_payload_bytes)
+        body = await request.body()     # bounded by the guard while it streams
         meta, sent = await run_in_threadpool(decode_bundle, body, config.max_payload_bytes)
         background = meta.pop("background", [])
         try:
             ask = AskRequest(**meta)
         except ValueError as e:
             raise PayloadError(f"bundle request is not valid: {str(e).splitlines()[0]}") from None
-        check_mode(ask.mode)
+        check_ask(ask)
         if not isinstance(background, list) or not all(isinstance(b, str) for b in background):
             raise PayloadError("'background' must be a list of texts")
         links = [Link(Received(tr), fuser_for(tr.cache.model_name)) for tr in sent]
@@ -160,11 +146,11 @@ def peer_app(peer: Peer, fusers: FuserSource | None = None,
         fr = FedRefine(peer, links, RefineConfig(private=ask.private, order=ask.order))
         return await run(_result, fr, ask, [])
 
-    @app.post("/ask", dependencies=[needs_token])
+    @app.post("/ask")
     async def ask(req: AskRequest) -> dict:
         """Answer ``prompt`` helped by this receiver's configured peers; a peer that is down,
         slow or refuses is skipped and named."""
-        check_mode(req.mode)
+        check_ask(req)
         links, skipped = [], []
         if MODES[req.mode].uses_links:
             for remote in remotes:
@@ -187,32 +173,36 @@ def peer_app(peer: Peer, fusers: FuserSource | None = None,
 
         return await run(answer_without_failing_peers)
 
-    return app
+    return guarded(app, config)
 
 
-def registry_app(folder: str, config: ServiceConfig | None = None) -> FastAPI:
+def registry_app(folder: str, config: ServiceConfig | None = None) -> ServiceGuard:
     """The fuser registry service over a registry folder (``refine pretrain-fuser`` fills it)."""
     config = config or ServiceConfig()
     app = FastAPI(title="plasticlm fuser registry")
     reply_errors(app)
-    needs_token = auth(config)
 
     @app.get("/health")
     def health() -> dict:
         return {"ok": True}
 
-    @app.get("/pairs", dependencies=[needs_token])
+    @app.get("/pairs")
     def pairs() -> list[dict]:
         return [{"transmitter": t, "receiver": r} for t, r in registered_pairs(folder)]
 
-    @app.get("/fusers/{transmitter}/{receiver}", dependencies=[needs_token])
+    @app.get("/fusers/{transmitter}/{receiver}")
     def fuser(transmitter: str, receiver: str) -> Response:
+        try:
+            check_name(transmitter, "transmitter")
+            check_name(receiver, "receiver")
+        except PlasticError as e:
+            raise HTTPException(400, str(e)) from None
         try:
             f = load_registered(folder, transmitter, receiver)
         except PlasticError as e:
             raise HTTPException(404, str(e)) from None
         return Response(encode_fuser(f), media_type="application/octet-stream")
 
-    return app
+    return guarded(app, config)
 
 

@@ -1,17 +1,17 @@
 """Running a FedRefine service (:mod:`plasticlm.refine.service`): its config (access token,
-payload limit, the peers it may ask, how their caches travel), its guards (the token, the
-body size before it is read, errors as 4xx replies) and listening (port, TLS, uvicorn)."""
+limits, the peers it may ask, how their caches travel), errors as 4xx replies and listening
+(port, TLS, uvicorn). The guard that refuses before reading is :mod:`plasticlm.refine.guard`."""
 
 from __future__ import annotations
 
-import hmac
+import ipaddress
 import logging
 import socket
 import ssl
 import urllib.parse
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
@@ -21,6 +21,9 @@ from plasticlm.refine.codec import MAX_PAYLOAD_BYTES, PayloadError
 from plasticlm.refine.quant import QUANTS
 
 log = logging.getLogger("plasticlm.refine.service")
+
+MIN_TOKEN_CHARS = 16
+CONNECT_TIMEOUT = 5.0
 
 
 def _http_url(url: str) -> str:
@@ -34,47 +37,65 @@ def _http_url(url: str) -> str:
 class ServiceConfig:
     """Limits and access of a peer or registry service."""
 
-    token: str | None = Field(None, description="clients must send 'Authorization: Bearer "
-                              "<token>' (the CLI reads it from $PLASTICLM_TOKEN)")
+    token: str | None = Field(None, min_length=MIN_TOKEN_CHARS, description="clients must "
+                              "send 'Authorization: Bearer <token>' (the CLI reads it from "
+                              "$PLASTICLM_TOKEN, never from a file or --set)")
     max_payload_bytes: int = Field(MAX_PAYLOAD_BYTES, gt=0, description="largest request "
-                                   "body, refused before it is read")
+                                   "body in bytes: a larger Content-Length is refused (413) "
+                                   "before reading, a body without one once it passes it")
+    max_concurrent: int = Field(8, gt=0, description="requests in flight at once; one more "
+                                "is refused (503), not queued")
+    max_choices: int = Field(16, gt=0, description="answer choices one request may score "
+                             "(413 beyond)")
+    max_choice_tokens: int = Field(64, gt=0, description="tokens of each answer choice, as "
+                                   "the receiver's tokenizer counts them (413 beyond)")
+    max_prompt_tokens: int = Field(2048, gt=0, description="tokens of a prompt or text to "
+                                   "prefill, as this model's tokenizer counts them (413 "
+                                   "beyond)")
+    max_new_tokens: int = Field(256, gt=0, description="tokens one request may generate or "
+                                "draft (413 beyond)")
     peers: tuple[Annotated[str, AfterValidator(_http_url)], ...] = Field(
         (), description="peer URLs this receiver may ask for help (/ask)")
-    peer_timeout: float = Field(30.0, gt=0, description="seconds before a slow peer is "
-                                "skipped")
+    peer_timeout: float = Field(30.0, gt=0, description="seconds a peer or registry may "
+                                "take to answer (read timeout) before it is skipped")
+    connect_timeout: float = Field(CONNECT_TIMEOUT, gt=0, description="seconds to connect to "
+                                   "a peer or registry before it is skipped")
     quant: Annotated[str, QUANTS.key] = Field("bf16", description="how this receiver asks "
                                               "its peers to send caches (QUANTS)")
     verify: str | bool = Field(True, description="CA bundle of peers behind a private TLS "
                                "CA (true: the system's)")
 
 
-def auth(config: ServiceConfig):
-    def check(request: Request) -> None:
-        if config.token is None:
-            return
-        sent = request.headers.get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
-            raise HTTPException(401, "missing or wrong token (send 'Authorization: Bearer "
-                                     "<token>')")
-    return Depends(check)
+class TooLarge(PlasticError):
+    """A request past one of the service's limits (answered 413, naming the setting)."""
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` bytes (before it is
-    parsed, and before a lying Content-Length is believed)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(413, f"payload of {declared} bytes exceeds the limit of {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, f"payload exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def check_token(token: str | None, host: str) -> None:
+    """Refuse, at start-up and in one line, a token too short to be secret, or no token on an
+    address other hosts can reach."""
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        size = f"{len(token)} characters" if token else "empty"
+        raise PlasticError(f"PLASTICLM_TOKEN is {size}: a token needs at least "
+                           f"{MIN_TOKEN_CHARS} (export PLASTICLM_TOKEN=$(openssl rand -hex 16))")
+    if token is None and not _loopback(host):
+        raise PlasticError(f"serving on {host} needs a token, or anyone who reaches it may "
+                           "use it: export PLASTICLM_TOKEN=$(openssl rand -hex 16), or listen "
+                           "on 127.0.0.1")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def reply_errors(app: FastAPI) -> None:
+    @app.exception_handler(TooLarge)
+    async def _large(_, e: TooLarge):
+        log.warning("refused request: %s", e)
+        return JSONResponse({"detail": str(e)}, status_code=413)
+
     @app.exception_handler(PayloadError)
     async def _payload(_, e: PayloadError):
         log.warning("refused payload: %s", e)
