@@ -13,6 +13,7 @@ import subprocess
 import httpx
 import psutil
 import pytest
+from flwr.cli.supernode.register import try_load_public_key
 from flwr.proto.control_pb2 import (  # pylint: disable=E0611
     ListRunsRequest,
     RegisterNodeRequest,
@@ -190,7 +191,7 @@ def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_run_nor_lis
     fed = federation
     _, public = make_node_key(tmp_path / "stranger")
     for path, request in [("/v1/control/register-node",
-                           RegisterNodeRequest(public_key=public.read_bytes())),
+                           RegisterNodeRequest(public_key=try_load_public_key(public))),
                           ("/v1/control/start-run", StartRunRequest()),
                           ("/v1/control/list-runs", ListRunsRequest())]:
         answer = _stranger(fed, path, request.SerializeToString())
