@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from plasticlm.errors import PlasticError
+from plasticlm.process_guard import guarded
 
 # The Flower app of plasticlm's federated runs: a pyproject naming the ServerApp and ClientApp.
 APP_DIR = Path(__file__).parent / "flower_app"
@@ -84,11 +85,12 @@ def _die_with_parent() -> None:
 
 def spawn(args: list[str], env: dict[str, str], log: Path, new_session: bool = False,
           ) -> subprocess.Popen:
-    """Start ``args`` with stdout and stderr appended to ``log``; it gets SIGTERM when this
-    process dies. ``new_session``: out of this process's group, so a Ctrl-C at the terminal
-    does not reach it."""
+    """Start ``args`` under a :mod:`~plasticlm.process_guard` with stdout and stderr appended
+    to ``log``: when this process dies, even by SIGKILL, ``args`` and everything it started
+    end. ``new_session``: out of this process's group, so a Ctrl-C at the terminal does not
+    reach it. The returned process is the guard's: its tree is ``args``'s."""
     with log.open("a") as out:
-        return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(guarded(args), env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=new_session,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 

@@ -28,6 +28,7 @@ from plasticlm.fednl.strategy import progress_line
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
 from plasticlm.outputs import check_output, prepare_output
+from plasticlm.run_lock import RunLock, refuse_if_locked
 from plasticlm.runs import clear_run_folder
 from plasticlm.runtime import dtype_name, pick_device, pick_dtype
 from plasticlm.sandbox import resolve_model_spec
@@ -110,6 +111,8 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     adapter folder, summary.json and plots. Returns the run folder. SIGINT and SIGTERM stop
     it within seconds with :class:`Stopped`; the rounds committed so far stay.
     """
+    # a live run's folder is neither cleared nor resumed: refused before anything else
+    refuse_if_locked(Path(cfg.outputs.out) / cfg.name)
     # what the server and clients would fail on, refused before anything is written
     if not resume:   # a folder plasticlm did not write: refused before any model is built
         check_output(Path(cfg.outputs.out) / cfg.name, "choose another --set name=... or out=...")
@@ -129,6 +132,12 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
         raise PlasticError(f"{run_dir} was started with another config; resume with the same "
                            "config (see its config.json, or `--config` it)")
     prepare_output(run_dir, "run", hint="choose another --set name=... or out=...")
+    with RunLock(run_dir):
+        return _run_locked(cfg, run_dir, backend_cpus)
+
+
+def _run_locked(cfg: FedNLConfig, run_dir: Path, backend_cpus: int) -> Path:
+    """The run in its folder, which this process holds (:class:`RunLock`)."""
     save_config(cfg, run_dir)
 
     warning = cfg.gate_warning()

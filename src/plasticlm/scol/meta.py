@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
 from plasticlm.models import load_causal_lm
+from plasticlm.run_lock import RunLock, refuse_if_locked
 from plasticlm.runs import RunDir
 from plasticlm.scol.checkpoint import check_resumable, load_optimizer, save_checkpoint
 from plasticlm.scol.config import SCoLConfig
@@ -48,7 +49,14 @@ def meta_train(policy, tokenizer, streams: Sequence[Sequence[Context]], cfg: SCo
     """
     if not streams:
         raise PlasticError("meta-training needs at least one stream of contexts")
+    refuse_if_locked(out)
     run = RunDir(Path(out))
+    with RunLock(run.path):   # one writer: a second run or resume is refused, naming this one
+        return _meta_train(run, policy, tokenizer, streams, cfg, resume, progress, replay)
+
+
+def _meta_train(run: RunDir, policy, tokenizer, streams, cfg: SCoLConfig, resume: bool,
+                progress: bool, replay: torch.Tensor | None):
     ckpt, ref_dir = run.path / "checkpoint", run.path / "reference"
     policy = float32_master(policy)
     start, buffer = 0, []
