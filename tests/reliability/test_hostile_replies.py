@@ -224,3 +224,47 @@ def test_arrays_that_are_not_theta_are_rejected_not_read(server, array, reason):
     bad.content["arrays"]["gate_logit"] = array
     s.aggregate_train(1, [reply(0), reply(1), bad])
     assert len(s.record["rejected"]) == 1 and reason in s.record["rejected"][0]
+
+
+def test_a_zero_norm_majority_cannot_switch_clipping_off(server):
+    """Four clients that did not move (median update norm 0) and one that pushes the gate to
+    -600,002: clipping falls back to its absolute floor, under every rule."""
+    push = {k: v.clone() for k, v in THETA.items()}
+    push["gate_logit"] = torch.full((2,), -600_002.0)
+    for rule in ("mean", "median", "trimmed_mean", "krum"):
+        s = server(rule)
+        same = [reply(i, {k: v.clone() for k, v in THETA.items()}) for i in range(4)]
+        arrays, _ = s.aggregate_train(1, same + [reply(4, push)])
+        theta = arrays.to_torch_state_dict()
+        moved = float((theta["gate_logit"] - THETA["gate_logit"]).abs().max())
+        assert moved <= s.cfg.aggregation.clip_floor + 1e-6, (rule, moved)
+        if rule == "mean":
+            assert s.record["aggregation"]["clipped"] == [4]
+
+
+def test_an_aggregate_over_the_step_bound_is_refused_and_the_previous_theta_kept(server,
+                                                                                  caplog):
+    """With clipping off, one client's huge update makes a step over ``max_step`` (and a
+    float32 overflow makes one that is not finite): the round keeps the previous theta, says
+    why, and commits it as that round's."""
+    for value in (5e3, 3e38):
+        s = server()
+        s.cfg = override(s.cfg, {"aggregation.clip": 0.0})
+        big = {k: v.clone() for k, v in THETA.items()}
+        big["w"] = torch.full((2, 3), value)
+        arrays, _ = s.aggregate_train(1, [reply(0, big), reply(1, big), reply(2)])
+        theta = arrays.to_torch_state_dict()
+        assert all(torch.equal(theta[k], THETA[k]) for k in THETA)
+        assert "previous theta is kept" in caplog.text
+        assert "max_step" in s.record["aggregation"]["refused"] or \
+            "non-finite" in s.record["aggregation"]["refused"]
+
+
+@pytest.mark.parametrize("key", ["clip", "clip_floor", "max_step", "trim"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
+def test_every_numeric_aggregation_setting_refuses_nan_inf_and_negatives(key, value):
+    from plasticlm.config import load_config
+    from plasticlm.errors import PlasticError
+
+    with pytest.raises(PlasticError, match=rf"config aggregation\.{key}: "):
+        load_config(FedNLConfig, None, [f"aggregation.{key}={value}"])

@@ -48,13 +48,15 @@ def _unflat(vector: torch.Tensor, like: dict[str, torch.Tensor], names: list[str
     return out
 
 
-def clip_updates(updates: torch.Tensor, factor: float) -> tuple[torch.Tensor, list[int]]:
-    """Rows of ``updates`` [N, P] scaled down to ``factor`` x their median norm; returns the
-    clipped updates and the rows that were clipped."""
+def clip_updates(updates: torch.Tensor, factor: float, floor: float = 0.0
+                 ) -> tuple[torch.Tensor, list[int]]:
+    """Rows of ``updates`` [N, P] scaled down to ``factor`` x their median norm, or to
+    ``floor`` when that is larger (a zero-norm majority would otherwise switch clipping off);
+    returns the clipped updates and the rows that were clipped. ``factor`` 0: no clipping."""
     norms = updates.norm(dim=1)
     if factor <= 0 or len(norms) == 0:
         return updates, []
-    bound = factor * float(norms.median())
+    bound = max(factor * float(norms.median()), floor)
     if bound <= 0:
         return updates, []
     scale = (bound / norms.clamp(min=1e-12)).clamp(max=1.0)
@@ -114,7 +116,8 @@ def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequenc
     names = sorted(current)
     base = _flat(current, names)
     updates = torch.stack([_flat(t, names) - base for t in thetas])
-    updates, clipped = clip_updates(updates, cfg.clip)
+    norms = updates.norm(dim=1)
+    updates, clipped = clip_updates(updates, cfg.clip, cfg.clip_floor)
     cap = max_examples
     weights = [min(max(float(c), 0.0), float(cap)) if math.isfinite(float(c)) else 0.0
                for c in claimed]
@@ -122,5 +125,24 @@ def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequenc
     if clipped:
         log.warning("clipped the updates of %d client(s) to %.1fx the median norm",
                     len(clipped), cfg.clip)
-    return _unflat(base + step, current, names), {"weights": weights, "clipped": clipped,
-                                                   "rule": cfg.rule}
+    info = {"weights": weights, "clipped": clipped, "rule": cfg.rule,
+            "update_norms": [round(float(x), 6) for x in norms],
+            "step_norm": float(step.norm())}
+    problem = step_problem(step, cfg.max_step)
+    if problem:
+        # the round is refused: the previous theta stays (the caller logs and records it)
+        info["refused"] = problem
+        return {n: current[n].float().clone() for n in names}, info
+    return _unflat(base + step, current, names), info
+
+
+def step_problem(step: torch.Tensor, max_step: float) -> str | None:
+    """Why the aggregate ``step`` [P] must not be committed (not finite, or its root-mean-square
+    over ``max_step``: a bound that means the same for a gate and for a whole model), or None."""
+    if not bool(torch.isfinite(step).all()):
+        return f"the aggregate has {int((~torch.isfinite(step)).sum())} non-finite values"
+    rms = float(step.double().pow(2).mean().sqrt()) if step.numel() else 0.0
+    if not math.isfinite(rms) or rms > max_step:
+        return (f"the aggregate moves theta by {rms:.4g} (root-mean-square), over "
+                f"aggregation.max_step={max_step:g}")
+    return None

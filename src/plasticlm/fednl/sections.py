@@ -133,6 +133,12 @@ class AggregationConfig:
                                                   "combine (fednl/aggregators.py)")
     clip: float = Field(10.0, ge=0, description="update norm bound, x the round's median "
                         "update norm (0: off)")
+    clip_floor: float = Field(0.1, gt=0, description="the least the update norm bound is (L2, "
+                              "absolute): a zero-norm majority cannot switch clipping off "
+                              "(honest sandbox updates: 0.06-0.23 a round)")
+    max_step: float = Field(1.0, gt=0, description="a round whose aggregate moves theta by more "
+                            "than this root-mean-square per value, or not finitely, is refused "
+                            "and the previous theta kept")
     trim: float = Field(0.2, ge=0, lt=0.5, description="trimmed_mean: share cut at each end")
 
 

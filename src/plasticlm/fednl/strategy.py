@@ -153,6 +153,9 @@ class ThetaAverage(FedAvg):
             [float(m.content["metrics"]["num-examples"]) for m in ok], self.reference,
             self.cfg.aggregation, max_examples=self.cfg.data.max_train)
         self.record["aggregation"] = info
+        if "refused" in info:
+            log.warning("round %s: aggregate refused, the previous theta is kept: %s",
+                        self.record["round"], info["refused"])
         self.record["clients"] = {
             str(m.content["client"]["name"]): {
                 "domain": str(m.content["client"]["domain"]),
