@@ -266,5 +266,17 @@ def test_every_numeric_aggregation_setting_refuses_nan_inf_and_negatives(key, va
     from plasticlm.config import load_config
     from plasticlm.errors import PlasticError
 
+    from plasticlm.fednl.config import app_config, from_flower_run_config
+
     with pytest.raises(PlasticError, match=rf"config aggregation\.{key}: "):
         load_config(FedNLConfig, None, [f"aggregation.{key}={value}"])
+    # Flower's run config (a deployment's `flwr run --run-config`): flattened, dotted keys
+    flat = {}
+
+    def walk(tree, prefix=""):
+        for k, v in tree.items():
+            walk(v, f"{prefix}{k}.") if isinstance(v, dict) else flat.__setitem__(prefix + k, v)
+    walk(app_config())
+    flat[f"aggregation.{key}"] = float(value)
+    with pytest.raises(PlasticError, match=rf"config aggregation\.{key}: "):
+        from_flower_run_config(flat)
