@@ -60,6 +60,11 @@ def _released(wrapper: type) -> type:
                                   f"all {self.num_sampled_clients} clients' updates, got "
                                   f"{len(replies) - len(problems)} usable ({problems[:3]}); "
                                   "the last checkpoint is intact, rerun with --resume")
+            # Flower clips by position: each reply's tensors in the order of the sent theta
+            order = list(getattr(self, "current_arrays", None) or inner.reference)
+            for m in replies:
+                got = m.content["arrays"]
+                m.content["arrays"] = ArrayRecord({k: got[k] for k in order})
             arrays, metrics = super().aggregate_train(server_round, replies)
             if arrays is None or len(inner.record.get("clients", {})) < len(replies):
                 raise RoundFailed(f"round {inner.record['round']}: differential privacy "
