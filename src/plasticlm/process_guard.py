@@ -44,23 +44,28 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def end_descendants(grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM every process below this one, SIGKILL what is left after ``grace`` seconds,
-    then SIGKILL whatever was started meanwhile (as a subreaper, those are ours too)."""
-    me = psutil.Process()
-    tree = me.children(recursive=True)
-    for p in tree:
+def end_processes(procs: list[psutil.Process], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM ``procs``, then SIGKILL those left after ``grace`` seconds (and reap them)."""
+    for p in procs:
         try:
             p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for p in alive + me.children(recursive=True):
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(me.children(recursive=True), timeout=grace)
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def end_descendants(grace: float = GRACE_SECONDS) -> None:
+    """End every process below this one, then whatever was started meanwhile (as a
+    subreaper, those are ours too)."""
+    me = psutil.Process()
+    end_processes(me.children(recursive=True), grace)
+    end_processes(me.children(recursive=True), 0.0)
 
 
 def _on_sigterm(signum, frame) -> None:

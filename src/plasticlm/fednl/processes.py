@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from plasticlm.errors import PlasticError
-from plasticlm.process_guard import guarded
+from plasticlm.process_guard import end_processes, guarded
 
 # The Flower app of plasticlm's federated runs: a pyproject naming the ServerApp and ClientApp.
 APP_DIR = Path(__file__).parent / "flower_app"
@@ -114,19 +114,7 @@ def end_tree(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
             tops.append(psutil.Process(proc.pid))
         except psutil.NoSuchProcess:
             pass
-    everything = tops + tree
-    for p in everything:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(everything, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    end_processes(tops + tree, grace)
     for proc in procs:  # reap, so no zombie is left
         try:
             proc.wait(timeout=grace)
