@@ -333,8 +333,13 @@ def test_every_client_has_connect_and_read_timeouts():
 
 # --- the token at start-up ----------------------------------------------------------------------
 
+def _never_serve(*args, **kw):
+    pytest.fail("the service started: the token should have been refused first")
+
+
 @pytest.mark.parametrize("token", ["", "short-token"])
 def test_an_empty_or_short_token_is_refused_at_start_up(token, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("plasticlm.refine.serving.serve", _never_serve)
     monkeypatch.setenv("PLASTICLM_TOKEN", token)
     for argv in (["refine", "registry", "--folder", str(tmp_path)],
                  ["refine", "serve", "--model", "sandbox:receiver"]):
@@ -347,6 +352,7 @@ def test_an_empty_or_short_token_is_refused_at_start_up(token, monkeypatch, caps
 
 def test_no_token_beyond_loopback_and_no_token_on_the_command_line(monkeypatch, capsys,
                                                                    tmp_path):
+    monkeypatch.setattr("plasticlm.refine.serving.serve", _never_serve)
     monkeypatch.delenv("PLASTICLM_TOKEN", raising=False)
     assert main(["refine", "registry", "--folder", str(tmp_path), "--host", "0.0.0.0"]) == 2
     assert "serving on 0.0.0.0 needs a token" in capsys.readouterr().err
