@@ -314,6 +314,27 @@ def test_redirects_and_hostile_peer_names_are_not_followed():
             RemotePeer(f"http://127.0.0.1:{port}", TOKEN).connect()
 
 
+def _flooding(n_mb: int, declared: bool):
+    """A hostile peer answering every request with ``n_mb`` MB (chunked, or declared)."""
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        size = [(b"content-length", str(n_mb * MB).encode())] if declared else []
+        await send({"type": "http.response.start", "status": 200, "headers": size})
+        chunk = b"x" * MB
+        for _ in range(n_mb):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    return app
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["chunked", "declared"])
+def test_a_peer_answering_200_mb_is_cut_off_at_the_limit(declared):
+    with _uvicorn(_flooding(200, declared)) as port:
+        with bounded(48), pytest.raises(PeerUnavailable, match="exceeds the limit of 1048576"):
+            RemotePeer(f"http://127.0.0.1:{port}", TOKEN, 30.0, max_bytes=MB).connect()
+
+
 def test_every_client_has_connect_and_read_timeouts():
     for client in (http_client(7.0), RemotePeer("http://127.0.0.1:9", TOKEN, 7.0).client,
                    FuserSource("http://127.0.0.1:9", TOKEN, 7.0, connect=2.0).client):

@@ -27,7 +27,9 @@ class PeerUnavailable(PlasticError):
 
 
 def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    # identity: an answer's size on the wire is its size in memory (no compression bomb)
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return {"Accept-Encoding": "identity", **auth}
 
 
 def http_client(timeout: float, verify: str | bool = True,
@@ -39,11 +41,21 @@ def http_client(timeout: float, verify: str | bool = True,
                         verify=verify, follow_redirects=False)
 
 
-def call_peer(client: httpx.Client, method: str, url: str, token: str | None, **kw
-              ) -> httpx.Response:
-    """One request to a peer or registry; :class:`PeerUnavailable` names what went wrong."""
+def call_peer(client: httpx.Client, method: str, url: str, token: str | None,
+              max_bytes: int = MAX_PAYLOAD_BYTES, **kw) -> httpx.Response:
+    """One request to a peer or registry, its answer read up to ``max_bytes`` (a peer cannot
+    fill this process's memory); :class:`PeerUnavailable` names what went wrong."""
     try:
-        r = client.request(method, url, headers=_headers(token), follow_redirects=False, **kw)
+        request = client.build_request(method, url, headers=_headers(token), **kw)
+        streamed = client.send(request, stream=True, follow_redirects=False)
+        try:
+            body = _read_limited(streamed, url, max_bytes)
+            headers = [(k, v) for k, v in streamed.headers.items()
+                       if k.lower() not in ("content-encoding", "content-length")]
+            r = httpx.Response(streamed.status_code, headers=headers, content=body,
+                               request=request)
+        finally:
+            streamed.close()
     except httpx.TimeoutException:
         raise PeerUnavailable(f"{url}: no answer within {client.timeout.read} s") from None
     except httpx.HTTPError as e:
@@ -54,10 +66,24 @@ def call_peer(client: httpx.Client, method: str, url: str, token: str | None, **
     if not r.is_success:
         try:
             detail = r.json().get("detail", r.text)
-        except ValueError:
+        except (ValueError, AttributeError):
             detail = r.text
         raise PeerUnavailable(f"{url}: HTTP {r.status_code}: {str(detail)[:300]}")
     return r
+
+
+def _read_limited(r: httpx.Response, url: str, max_bytes: int) -> bytes:
+    declared = r.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise PeerUnavailable(f"{url}: an answer of {declared} bytes exceeds the limit of "
+                              f"{max_bytes}")
+    chunks, size = [], 0
+    for chunk in r.iter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PeerUnavailable(f"{url}: the answer exceeds the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class RemotePeer:
@@ -86,7 +112,8 @@ class RemotePeer:
     @property
     def info(self) -> dict:
         if self._info is None:
-            info = call_peer(self.client, "GET", f"{self.url}/info", self.token).json()
+            info = call_peer(self.client, "GET", f"{self.url}/info", self.token,
+                             self.max_bytes).json()
             try:
                 check_name(info.get("name") if isinstance(info, dict) else None,
                            "the name it gives")
@@ -108,7 +135,7 @@ class RemotePeer:
     def prefill(self, text: str, draft_tokens: int = 0, layers: list[int] | None = None,
                 share: str = "all") -> Transmission:
         t0 = time.perf_counter()
-        r = call_peer(self.client, "POST", f"{self.url}/prefill", self.token,
+        r = call_peer(self.client, "POST", f"{self.url}/prefill", self.token, self.max_bytes,
                   json={"text": text, "draft_tokens": draft_tokens, "layers": layers,
                         "share": share, "quant": self.quant})
         total = time.perf_counter() - t0
@@ -121,7 +148,7 @@ class RemotePeer:
         return sent
 
     def generate(self, text: str, max_new_tokens: int, stop: tuple[str, ...] = ("\n",)) -> str:
-        r = call_peer(self.client, "POST", f"{self.url}/generate", self.token,
+        r = call_peer(self.client, "POST", f"{self.url}/generate", self.token, self.max_bytes,
                   json={"text": text, "max_new_tokens": max_new_tokens, "stop": list(stop)})
         return r.json()["text"]
 
