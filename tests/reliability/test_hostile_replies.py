@@ -265,7 +265,6 @@ def test_an_aggregate_over_the_step_bound_is_refused_and_the_previous_theta_kept
 def test_every_numeric_aggregation_setting_refuses_nan_inf_and_negatives(key, value):
     from plasticlm.config import load_config
     from plasticlm.errors import PlasticError
-
     from plasticlm.fednl.config import app_config, from_flower_run_config
 
     with pytest.raises(PlasticError, match=rf"config aggregation\.{key}: "):
