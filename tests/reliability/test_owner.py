@@ -4,7 +4,6 @@ run folder at once (an exclusive lock, taken by run and resume alike, names its 
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
