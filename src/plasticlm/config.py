@@ -100,6 +100,13 @@ def _refuse_bool_numbers(cls: type, data: dict, where: str) -> None:
             _refuse_bool_numbers(info.annotation, value, f"{where}{key}.")
         elif isinstance(value, bool) and info.annotation in (int, float):
             raise PlasticError(f"config {where}{key}: expected a number, got {value!r}")
+        elif isinstance(value, int) and info.annotation is int and not isinstance(value, bool):
+            # torch and NumPy take seeds in [0, 2**32) and sizes in int64: refused here, not
+            # an overflow deep inside
+            if (key == "seed" or key.endswith("_seed")) and not 0 <= value < 2**32:
+                raise PlasticError(f"config {where}{key}: a seed is in [0, 2**32), not {value}")
+            if abs(value) >= 2**63:
+                raise PlasticError(f"config {where}{key}: {value} does not fit in 64 bits")
 
 
 def to_dict(cfg: Any) -> dict:

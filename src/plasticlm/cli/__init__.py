@@ -13,6 +13,7 @@ from importlib import metadata
 from pydantic import ValidationError
 
 from plasticlm import __version__
+from plasticlm.cli.options import THREADS
 from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="level of plasticlm's progress and status messages on stderr "
                         "(default INFO; WARNING keeps only problems); results go to stdout")
-    parser.add_argument("--threads", dest="global_threads", type=int, default=None, metavar="N",
+    parser.add_argument("--threads", dest="global_threads", type=THREADS, default=None, metavar="N",
                         help=f"torch intra-op threads for the whole command (default: "
                         f"${THREADS_ENV}, else every core); use 1 when other jobs share the "
                         "cores. Options of a subcommand (e.g. `memory mqar --threads`) win.")
@@ -126,8 +127,10 @@ def _run(argv: list[str] | None) -> int:
         # set once here for the whole command (plasticlm.runtime)
         with threads(args.global_threads), _runtime(args), \
                 overwrite_allowed(getattr(args, "overwrite", False)):
-            for dest in getattr(args, "output_args", ()):
-                if getattr(args, dest, None):   # refused before any work
+            for dest in getattr(args, "output_args", ()):   # refused before any work
+                if getattr(args, dest, None) == "":   # the working folder, by mistake
+                    raise PlasticError(f"{_flag(args, dest)} is empty; give a folder")
+                if getattr(args, dest, None) is not None:
                     check_output(getattr(args, dest), f"give another {_flag(args, dest)}")
             return args.func(args) or 0
     except Stopped as e:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from plasticlm.cli.options import add_overwrite_option
+from plasticlm.cli.options import SIZE, THREADS, add_overwrite_option, non_empty
 from plasticlm.outputs import prepare_output
 
 
@@ -17,14 +17,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "in one run; writes OUT/bench.json, OUT/bench.png and OUT/report/index.html.")
     p.add_argument("--out", default="bench/results/bench", help="folder for the results")
     p.add_argument("--quick", action="store_true", help="short lengths (a smoke test)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for the timings")
-    p.add_argument("--shape", metavar="NAME", help="instead: each method's step time and peak "
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads for the timings")
+    p.add_argument("--shape", metavar="NAME", type=non_empty, help="instead: each method's step time and peak "
                    "memory beside its baseline's at a published shape (qwen2.5-0.5b, "
                    "qwen2.5-1.5b, qwen3-0.6b, llama-3.2-1b), random weights")
-    p.add_argument("--layers", type=int, default=None, help="with --shape: cut to this many "
+    p.add_argument("--layers", type=SIZE, default=None, help="with --shape: cut to this many "
                    "layers (default: all)")
-    p.add_argument("--batch", type=int, default=4, help="with --shape: training batch")
-    p.add_argument("--device", default="cpu", help="with --shape: cpu or cuda[:N]")
+    p.add_argument("--batch", type=SIZE, default=4, help="with --shape: training batch")
+    p.add_argument("--device", default="cpu", type=non_empty, help="with --shape: cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="with --shape: the base models' dtype (SCoL's stays float32)")
     add_overwrite_option(p, "out")

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import SEED, SIZE, add_config_options, load_from_args, non_empty
 from plasticlm.outputs import prepare_output
 
 
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = dsub.add_parser("world", help="write the sandbox world (corpus, MC, SQuAD, LongBench)",
                         description="Generate the fictional world from a seed and write it in "
                         "real dataset formats under --out.")
-    q.add_argument("--seed", type=int, default=None, help="the world's seed (same as --set seed=N)")
+    q.add_argument("--seed", type=SEED, default=None, help="the world's seed (same as --set seed=N)")
     q.add_argument("--out", required=True)
     add_config_options(q, "plasticlm.sandbox.world:WorldConfig")  # --overwrite with it
     q.set_defaults(func=_world)
@@ -29,16 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Write NIAH samples of one task as JSON lines.")
     q.add_argument("--task", default="single",
                    help="single, multikey, multivalue, multiquery, uuid, numeric or vartrack")
-    q.add_argument("--length", type=int, default=1024,
+    q.add_argument("--length", type=SIZE, default=1024,
                    help="prompt length in tokens of --tokenizer (whitespace words without one)")
-    q.add_argument("--n", type=int, default=10, help="number of samples")
+    q.add_argument("--n", type=SIZE, default=10, help="number of samples")
     q.add_argument("--depth", type=float, action="append", default=None,
                    help="needle depth in [0, 1] (repeatable; default 0, .25, .5, .75, 1)")
-    q.add_argument("--haystack", default=None,
+    q.add_argument("--haystack", default=None, type=non_empty,
                    help="a folder of .txt essays, a world folder, or a text file "
                         "(default: world text of seed 0)")
-    q.add_argument("--tokenizer", default=None, help="tokenizer folder or model folder")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--tokenizer", default=None, type=non_empty, help="tokenizer folder or model folder")
+    q.add_argument("--seed", type=SEED, default=0)
     q.add_argument("--out", required=True)
     q.set_defaults(func=_niah)
 
@@ -97,7 +97,8 @@ def _niah(args) -> int:
         try:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise PlasticError(f"could not load a tokenizer from {args.tokenizer}: {e}") from None
+            why = " ".join(str(e).split())[:300]   # transformers' messages span lines
+            raise PlasticError(f"could not load a tokenizer from {args.tokenizer}: {why}") from None
     sentences = haystack_sentences(_haystack_docs(args.haystack))
     samples = generate_niah(args.task, args.n, args.length, sentences, seed=args.seed,
                             tokenizer=tokenizer, depths=args.depth)

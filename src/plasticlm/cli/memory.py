@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import THREADS, add_config_options, load_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Train a 2-layer tiny Llama from scratch twice with the same budget "
                         "(window alone; window + delta-rule memory) on multi-query associative recall, "
                         "then print and save both accuracies.")
-    q.add_argument("--threads", type=int, default=None,
+    q.add_argument("--threads", type=THREADS, default=None,
                    help="torch CPU threads (the same as --set threads=N)")
     q.add_argument("--out", default="runs/mqar", help="run folder for config.json and result.json")
     add_config_options(q, "plasticlm.memory.mqar_config:MQARConfig")

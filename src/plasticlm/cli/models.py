@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from plasticlm.cli.options import add_overwrite_option, add_runtime_options
+from plasticlm.cli.options import SEED, SIZE, add_overwrite_option, add_runtime_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Load a model and continue a prompt.")
     q.add_argument("model")
     q.add_argument("--prompt", default="", help="text to continue (empty: start from BOS)")
-    q.add_argument("--max-new-tokens", type=int, default=64)
+    q.add_argument("--max-new-tokens", type=SIZE, default=64)
     q.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     add_runtime_options(q)
     q.set_defaults(func=_generate)
@@ -46,12 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(weights only; pair it with a tokenizer of the same vocabulary size).")
     q.add_argument("arch", choices=("llama", "qwen2", "qwen3"))
     q.add_argument("out_dir")
-    q.add_argument("--vocab-size", type=int, default=1024)
-    q.add_argument("--hidden-size", type=int, default=128)
-    q.add_argument("--num-layers", type=int, default=4)
-    q.add_argument("--num-heads", type=int, default=4)
-    q.add_argument("--num-kv-heads", type=int, default=None)
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--vocab-size", type=SIZE, default=1024)
+    q.add_argument("--hidden-size", type=SIZE, default=128)
+    q.add_argument("--num-layers", type=SIZE, default=4)
+    q.add_argument("--num-heads", type=SIZE, default=4)
+    q.add_argument("--num-kv-heads", type=SIZE, default=None)
+    q.add_argument("--seed", type=SEED, default=0)
     add_overwrite_option(q, "out_dir")
     q.set_defaults(func=_build_tiny)
 

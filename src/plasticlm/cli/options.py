@@ -18,6 +18,33 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().add_text(text() if callable(text) else text)
 
 
+def non_empty(text: str) -> str:
+    """An argparse type: an empty value (``--config ""``) is a mistake, not "none"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty value")
+    return text
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a size, count or seed that torch, NumPy
+    and the machine can hold), refused by the parser otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low}, {high}]")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+SEED = int_in(0, 2**32 - 1)      # torch and NumPy take seeds in [0, 2**32)
+SIZE = int_in(1, 2**20)          # a count, width or length one machine can hold
+THREADS = int_in(1, 4096)
+
+
 def config_keys(*targets: str) -> Callable[[], str]:
     """An epilog listing the ``--set`` keys of each ``"module:Class"`` in ``targets``."""
     def text() -> str:
@@ -40,7 +67,7 @@ def add_config_options(p: argparse.ArgumentParser, *targets: str,
     names = " or ".join(t.split(":")[1] for t in targets)
     p.formatter_class = HelpFormatter
     p.epilog = config_keys(*targets)
-    p.add_argument("--config", metavar="FILE", help=f"TOML/YAML/JSON file of {names} fields")
+    p.add_argument("--config", metavar="FILE", type=non_empty, help=f"TOML/YAML/JSON file of {names} fields")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, dotted for nested ones (repeatable; keys below)")
     add_overwrite_option(p, "out")
@@ -74,7 +101,7 @@ def add_runtime_options(p: argparse.ArgumentParser, float32_only: str = "") -> N
     """``--device`` and ``--dtype`` of every model the command loads; the CLI applies them
     once for the whole command (``runtime.runtime``). ``float32_only``: why this command's
     weights stay float32 (its ``--dtype`` then refuses anything else, saying so)."""
-    p.add_argument("--device", default=None, metavar="|".join(DEVICES),
+    p.add_argument("--device", default=None, metavar="|".join(DEVICES), type=non_empty,
                    help=f"where models run (default ${DEVICE_ENV}, else auto: CUDA when "
                    "present, else the CPU); cuda:N picks a GPU")
     if float32_only:

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from plasticlm.cli.options import add_config_options, load_from_args
+from plasticlm.cli.options import THREADS, add_config_options, load_from_args
 from plasticlm.errors import PlasticError
 from plasticlm.outputs import prepare_output
 
@@ -24,7 +24,7 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
                    "<|endoftext|>")
     q.add_argument("--out", default=None, help="output folder (required with --text)")
     q.add_argument("--force", action="store_true", help="retrain even when the models exist")
-    q.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    q.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads")
     add_config_options(q, "plasticlm.sandbox.text:TextPretrainConfig")
     q.set_defaults(func=_pretrain)
 

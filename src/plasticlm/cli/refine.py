@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
+from plasticlm.cli.options import SIZE, add_config_options, add_runtime_options, load_from_args
 from plasticlm.cli.refine_ask import add_ask, add_registry, add_serve
 from plasticlm.outputs import prepare_output
 from plasticlm.run_report import write_report
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--registry", default="fusers", help="registry folder (default: fusers)")
     q.add_argument("--corpus", default="", help="plain-text corpus, documents separated by "
                    "<|endoftext|> (default: the sandbox world's general corpus)")
-    q.add_argument("--examples", type=int, default=2000, help="general examples to train on")
+    q.add_argument("--examples", type=SIZE, default=2000, help="general examples to train on")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     add_runtime_options(q)
     q.set_defaults(func=_pretrain_fuser, output_args=("registry",))

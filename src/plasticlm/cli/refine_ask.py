@@ -15,6 +15,7 @@ from plasticlm.cli.options import (
     add_config_options,
     add_runtime_options,
     load_from_args,
+    non_empty,
 )
 
 
@@ -91,7 +92,8 @@ def add_registry(rsub: argparse._SubParsersAction) -> None:
                         description="Serve REGISTRY/<T>--to--<R>/ fusers (written by "
                         "`refine pretrain-fuser`) over HTTP: GET /pairs, GET "
                         "/fusers/<T>/<R> (safetensors).")
-    q.add_argument("--folder", default="fusers", help="registry folder (default: fusers)")
+    q.add_argument("--folder", default="fusers", type=non_empty,
+                   help="registry folder (default: fusers)")
     _service_options(q, 8700)
     q.set_defaults(func=_registry)
 
@@ -134,10 +136,10 @@ def _service_config(args, **kw):
     from plasticlm.refine.serving import ServiceConfig, check_listen, check_token, check_url
 
     QUANTS.check(getattr(args, "quant", "bf16"))
-    if args.max_payload_mb is not None and not args.max_payload_mb > 0:
-        raise PlasticError(f"--max-payload-mb must be > 0, not {args.max_payload_mb}")
-    if args.timeout is not None and not args.timeout > 0:
-        raise PlasticError(f"--timeout must be > 0 seconds, not {args.timeout}")
+    if args.max_payload_mb is not None and not 0 < args.max_payload_mb < float("inf"):
+        raise PlasticError(f"--max-payload-mb must be > 0 and finite, not {args.max_payload_mb}")
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise PlasticError(f"--timeout must be > 0 seconds and finite, not {args.timeout}")
     cfg = load_from_args(ServiceConfig, args)
     if cfg.token is not None:
         raise PlasticError("the token is read from $PLASTICLM_TOKEN only (a command line or "
@@ -145,6 +147,13 @@ def _service_config(args, **kw):
     token = _token()
     check_token(token, args.host)
     check_listen(args.host, args.port, args.tls_cert, args.tls_key)
+    if args.ca:   # read now, not at the first peer call
+        import ssl
+
+        try:
+            ssl.create_default_context(cafile=args.ca)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise PlasticError(f"--ca {args.ca} is not a readable PEM CA bundle ({e})") from None
     for url in getattr(args, "peer", None) or []:
         check_url(url, "--peer")
     if args.ca and not Path(args.ca).is_file():

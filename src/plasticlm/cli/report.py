@@ -19,12 +19,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensorboard", nargs="?", const="", default=None, metavar="LOGDIR",
                    help="also write every metrics.jsonl under RUN_DIR as TensorBoard scalars "
                    "(default LOGDIR: RUN_DIR/tensorboard; needs the tensorboard package)")
-    p.set_defaults(func=_report, output_args=("tensorboard",))
+    p.set_defaults(func=_report)
 
 
 def _report(args) -> int:
+    from plasticlm.outputs import check_output
     from plasticlm.run_report import write_report
 
+    if args.tensorboard:   # refused before the report is written
+        check_output(args.tensorboard, "give another --tensorboard LOGDIR")
     page, _ = write_report(args.run_dir)
     print(f"report: {page}")
     if args.tensorboard is not None:

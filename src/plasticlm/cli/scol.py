@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
+from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args, non_empty
 from plasticlm.errors import PlasticError
 from plasticlm.outputs import prepare_output
 from plasticlm.run_report import write_report
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       description="Consolidate the evaluation stream (greedy actions of the "
                       "policy), fill the accuracy matrix, save the consolidated model.")
     _common(q)
-    q.add_argument("--policy", required=True, help="a checkpoint folder from `scol train`")
+    q.add_argument("--policy", required=True, type=non_empty,
+                   help="a checkpoint folder from `scol train`")
     q.add_argument("--out", default="runs/scol-run")
     q.set_defaults(func=_run)
 
@@ -48,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       "per-context layer choice beats the best fixed one (the oracle gate).")
     q.add_argument("which", choices=("squad", "longbench", "fisher", "sweep", "gate"))
     _common(q)
-    q.add_argument("--policy", help="fisher: policy checkpoint (default: the base model)")
+    q.add_argument("--policy", type=non_empty,
+                   help="fisher: policy checkpoint (default: the base model)")
     q.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE",
                    help="sweep: grid overrides, e.g. --sweep 'lr=[1e-3,3e-3]' --sweep "
                    "'modules=[\"mlp\"]'")
