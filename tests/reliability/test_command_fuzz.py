@@ -127,6 +127,19 @@ CASES = all_cases()
 SAMPLED = random.Random(38).sample(CASES, min(SAMPLE, len(CASES)))
 
 
+def _never_serve(*args, **kwargs):
+    raise AssertionError("the bad input was accepted: the service was about to start")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_service():
+    """An accepted `refine serve` / `registry` case fails at once instead of serving forever
+    (the alarm cannot always interrupt a running event loop)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("plasticlm.refine.serving.serve", _never_serve)
+        yield
+
+
 @pytest.fixture(scope="module")
 def names(inputs, tmp_path_factory):  # noqa: F811 (the fixture of test_bad_commands)
     root = tmp_path_factory.mktemp("fuzz")
