@@ -66,12 +66,15 @@ def strategy(tmp_path):
 def test_bad_replies_are_rejected_and_the_rest_aggregated(strategy, caplog):
     nan = {"w": THETA["w"].clone(), "b": THETA["b"].clone()}
     nan["w"][0, 0] = float("nan")
-    replies = [reply(0, {k: v + 1 for k, v in THETA.items()}, n=30), reply(1, n=10),
+    # two honest clients that both moved (a client that did not move would put the round's
+    # median update norm at 0, and clipping at its floor: test_hostile_replies)
+    replies = [reply(0, {k: v + 1 for k, v in THETA.items()}, n=30),
+               reply(1, {k: v + 0.5 for k, v in THETA.items()}, n=10),
                reply(2, nan), reply(3, {"w": torch.zeros(5, 3), "b": THETA["b"]}),
                reply(4, {"w": THETA["w"]}), reply(5, error=Error(code=2, reason="boom"))]
     arrays, metrics = strategy.aggregate_train(1, replies)
     theta = arrays.to_torch_state_dict()
-    assert torch.allclose(theta["w"], torch.full((2, 3), 1.75))  # (2*30 + 1*10) / 40
+    assert torch.allclose(theta["w"], torch.full((2, 3), 1.875))  # (2*30 + 1.5*10) / 40
     assert metrics["clients"] == 2
     assert len(strategy.record["rejected"]) == 4
     assert "NaN" in caplog.text and "boom" in caplog.text

@@ -56,6 +56,8 @@ def clip_updates(updates: torch.Tensor, factor: float, floor: float = 0.0
     norms = updates.norm(dim=1)
     if factor <= 0 or len(norms) == 0:
         return updates, []
+    # the lower middle of an even count (torch's median): with two clients, a huge update
+    # does not set the bound; a zero lower middle falls back to the floor
     bound = max(factor * float(norms.median()), floor)
     if bound <= 0:
         return updates, []
