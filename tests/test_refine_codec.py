@@ -125,3 +125,26 @@ def test_fuser_travels_exactly_and_a_damaged_one_is_refused():
         damaged = {**fuser.state_dict(), name: torch.zeros(3)}
         with pytest.raises(PayloadError, match="does not match"):
             decode_fuser(st_save(damaged, metadata=meta))
+
+
+@pytest.mark.parametrize("quant", ["float32", "bf16", "int8", "fp8"])
+@pytest.mark.parametrize("kind", ["k", "v"])
+def test_non_finite_keys_and_values_are_neither_sent_nor_received(quant, kind):
+    """A cache holding NaN or inf in its keys or values is refused by the sender, and a payload
+    whose keys or values decode to NaN or inf (stored values or their scales) by the receiver,
+    under every quantisation."""
+    from plasticlm.errors import PlasticError
+
+    for bad in (float("nan"), float("inf")):
+        tr = _transmission()
+        getattr(tr.cache, "keys" if kind == "k" else "values")[1][0, 0, 2, 3] = bad
+        with pytest.raises(PlasticError, match=f"{kind} holds NaN or inf"):
+            encode_bundle([tr], quant=quant)
+        good = encode_bundle([_transmission()], quant=quant)
+        stored = st_load(good)
+        # scaled quantisations (int8, fp8: e4m3 has no inf) carry the damage in the scale
+        name = f"0.{kind}.scale" if quant in ("int8", "fp8") else f"0.{kind}"
+        damaged = stored[name].float().clone()
+        damaged.view(-1)[3] = bad
+        with pytest.raises(PayloadError, match=f"{kind} holds NaN or inf"):
+            decode_bundle(_tamper(good, tensors={name: damaged.to(stored[name].dtype)}))

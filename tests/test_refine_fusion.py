@@ -123,6 +123,28 @@ def test_zero_fuser_is_the_receiver_alone(pair, kind):
     assert fr.score(_question(name), ORGANS[:4], "c2c").scores != pytest.approx(alone, abs=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["c2c", "lowrank"])
+def test_fused_scores_depend_on_what_the_transmitter_holds(pair, kind):
+    """One fuser with a non-zero output map, fed the specialist's cache or the control's (same
+    shape and tokenizer, other answers): the receiver's choice scores differ. A fuser that
+    ignores the transmitter (reads only the receiver's own cache) fails this."""
+    receiver, specialist, control, facts = pair
+    torch.manual_seed(3)
+    fuser = Fuser.for_pair(receiver.layout, specialist.layout, kind=kind, hidden=32).eval()
+    with torch.no_grad():
+        for name_, p in fuser.named_parameters():
+            if name_.endswith(("out.weight", "up.weight")):
+                p.normal_(std=0.5)
+        for layer in getattr(fuser, "layers", []):
+            if hasattr(layer, "gate_logits"):
+                layer.gate_logits.fill_(5.0)
+    name = next(iter(facts))
+    scores = [FedRefine(receiver, [Link(t, fuser)]).score(_question(name), ORGANS[:4],
+                                                           "c2c").scores
+              for t in (specialist, control)]
+    assert scores[0] != pytest.approx(scores[1], abs=1e-3)
+
+
 def test_c2c_gates_are_gumbel_in_training_and_hard_at_inference(pair):
     receiver, specialist, _, _ = pair
     fuser = Fuser.for_pair(receiver.layout, specialist.layout, kind="c2c", hidden=16)

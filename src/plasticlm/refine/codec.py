@@ -70,6 +70,8 @@ def encode_bundle(transmissions: list[Transmission], request: dict | None = None
         sent = sorted(tr.layers)
         for kind, per, xs in (("k", "channel", c.keys), ("v", "token", c.values)):
             x = torch.stack([xs[layer][0].detach().cpu() for layer in sent])
+            if not torch.isfinite(x).all():   # never sent: the receiver would refuse it anyway
+                raise PlasticError(f"cache {i}: {kind} holds NaN or inf; nothing was sent")
             q, scale = QUANTS[quant].encode(x, per)
             tensors[f"{i}.{kind}"] = q
             if scale is not None:
