@@ -281,12 +281,12 @@ def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
     """Fused caches of different lengths, stacked with left padding, give each example the
     loss it has alone (aligned and prefix fusion)."""
     from plasticlm.eval import pad_id_of
-    from plasticlm.refine.train import (
-        _prepare,
+    from plasticlm.refine.prepared import (
         answer_loss,
         batch_answer_loss,
         fused_batch_state,
         fused_state,
+        prepare_example,
     )
 
     receiver, specialist, _, facts = pair
@@ -300,7 +300,7 @@ def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
                     p.normal_(std=0.3)
                 elif name.endswith("gate_logits"):
                     p.fill_(2.0)
-        batch = [_prepare(receiver, specialist, ex, mode) for ex in examples]
+        batch = [prepare_example(receiver, specialist, ex, mode) for ex in examples]
         assert len({p.own.length if p.own is not None else 0 for p in batch} |
                    {p.transmitter.length for p in batch}) > 1
         with torch.no_grad():

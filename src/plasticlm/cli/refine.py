@@ -59,10 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="'modes' (the default): train fusers and measure every "
                         "mode on MC questions; writes report.json, table.md, metrics.jsonl and "
                         "PNG plots. 'transfer': the probe gate and held-out transfer of "
-                        "general and task fusers, each beside a control transmitter.")
-    q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer"))
+                        "general and task fusers, each beside a control transmitter. "
+                        "'ladder': rungs a-g from the hand-over ceiling down to the "
+                        "heterogeneous specialist, each beside its control, with the "
+                        "fraction of the ceiling it reaches.")
+    q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer", "ladder"))
     add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
-                       "plasticlm.refine.ladder:TransferConfig", quick="refine/transfer-quick")
+                       "plasticlm.refine.ladder:TransferConfig",
+                       "plasticlm.refine.rungs:LadderConfig", quick="refine/transfer-quick")
     add_runtime_options(q)
     q.set_defaults(func=_experiment)
 
@@ -135,6 +139,15 @@ def _pretrain_fuser(args) -> int:
 def _experiment(args) -> int:
     from plasticlm.errors import PlasticError
 
+    if args.which == "ladder":
+        from plasticlm.refine.ladder_table import ladder_table, run_ladder
+        from plasticlm.refine.rungs import LadderConfig
+
+        args.quick_preset = "refine/ladder-quick"
+        cfg = load_from_args(LadderConfig, args)
+        print(ladder_table(run_ladder(cfg)))
+        print(f"report: {write_report(cfg.out)[0]}")
+        return 0
     if args.which == "transfer":
         from plasticlm.refine.ladder import TransferConfig
         from plasticlm.refine.report import transfer_table

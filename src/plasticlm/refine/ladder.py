@@ -86,10 +86,10 @@ class TransferConfig:
 
 
 def settings_key(cfg: TransferConfig) -> str:
-    """The settings a stored score depends on (``rows``, ``seeds``, ``out`` and ``progress``
-    aside: more seeds or rows extend a run)."""
+    """The settings a stored score depends on (``rows``/``rungs``, ``seeds``, ``out`` and
+    ``progress`` aside: more seeds or rows extend a run)."""
     kept = {k: v for k, v in dataclasses.asdict(cfg).items()
-            if k not in ("rows", "seeds", "out", "progress")}
+            if k not in ("rows", "rungs", "seeds", "out", "progress")}
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -122,7 +122,7 @@ class Ladder:
     held-out entities, ``groups`` their entities), stored ``scores`` per row label (one list
     of per-item scores per seed) and ``extra`` results (probes, training curves, gates)."""
 
-    def __init__(self, cfg: TransferConfig):
+    def __init__(self, cfg):  # TransferConfig, or rungs.LadderConfig
         self.cfg = cfg
         self.started = time.time()
         self.run = RunDir(Path(cfg.out))
@@ -179,12 +179,13 @@ class Ladder:
                 for it, ok in zip(self.train_items, right) if ok][: self.cfg.max_task or None]
 
     def fit(self, key: str, receiver: Peer, peers: list[Peer], examples: list[Example],
-            fcfg: FuserTrainConfig, seed: int):
-        """Fusers from each of ``peers`` into ``receiver``, trained together with ``seed``;
-        the frozen models' caches are prepared once per ``key``."""
+            fcfg: FuserTrainConfig, seed: int, teacher: Peer | None = None):
+        """Fusers from each of ``peers`` into ``receiver``, trained together with ``seed``
+        (toward ``teacher``'s cache when the objective has one); the frozen models' caches
+        are prepared once per ``key``."""
         if key not in self._prepared:
             self._prepared[key] = [prepare_examples(receiver, p, examples, fcfg,
-                                                    self.cfg.progress) for p in peers]
+                                                    self.cfg.progress, teacher) for p in peers]
         return train_fusers(receiver, peers, examples, dataclasses.replace(fcfg, seed=seed),
                             progress=self.cfg.progress, prepared=self._prepared[key])
 

@@ -17,20 +17,29 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
-from plasticlm.eval import pad_batch, pad_id_of
-from plasticlm.refine.align import LayerMap, align_tokens
-from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
+from plasticlm.eval import pad_id_of
+from plasticlm.refine.align import LayerMap
+from plasticlm.refine.cache import stack_caches
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.fuser_config import FuserKind, FusionMode, Share
-from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
+from plasticlm.refine.objectives import OBJECTIVES, Objective, Step, needs_teacher
+from plasticlm.refine.peer import Peer
+from plasticlm.refine.prepared import (
+    Prepared,
+    answer_loss,
+    batch_answer_loss,
+    fused_batch_state,
+    fused_state,
+    prepare_example,
+    prepare_examples,
+)
 
 
 @configclass
@@ -61,109 +70,21 @@ class FuserTrainConfig:
                                      "temperature at the first step")
     temperature_end: float = Field(0.001, gt=0, description="c2c gates: temperature at the "
                                    "last step (geometric schedule)")
+    objective: Objective = Field("answer", description="what the fuser learns "
+                                 "(OBJECTIVES): answer (C2C's answer cross-entropy), cache "
+                                 "(regression toward a teacher's cache) or answer+cache")
     seed: int = Field(0, description="seed of the fuser's initialisation and batch order")
 
     def __post_init__(self):
         if self.private and self.mode != "prefix":
             raise PlasticError("private training (rephrased transmitter prompts) needs "
                                "mode=prefix")
+        if needs_teacher(self.objective) and self.mode != "aligned":
+            raise PlasticError(f"objective {self.objective!r} regresses the fused cache toward "
+                               "a teacher's, which needs mode=aligned")
         if self.share == "draft" and (self.mode != "prefix" or self.draft_tokens < 1):
             raise PlasticError("share='draft' needs mode='prefix' and draft_tokens >= 1 (the "
                                "drafted tokens are what is shared)")
-
-
-@dataclass
-class _Prepared:
-    own: KVCache | None          # receiver cache before fusion (aligned) or its BOS (prefix)
-    transmitter: KVCache
-    index: torch.Tensor | None
-    tail: list[int]
-    answer: list[int]
-    start: int | None = None     # position of tail[0] when not right after the cache
-    prompt_length: int | None = None  # prefix mode: transmitter tokens before its draft
-
-
-def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
-             fuse_last: bool = False, draft_tokens: int = 0) -> _Prepared:
-    r_ids = prompt_ids(receiver.tokenizer, ex.prompt)
-    answer = continuation_ids(receiver.tokenizer, r_ids, ex.prompt, ex.answer)
-    if mode == "aligned":
-        al = align_tokens(receiver.tokenizer, transmitter.tokenizer, ex.prompt)
-        n = len(r_ids) if fuse_last else len(r_ids) - 1
-        own, _ = extract_cache(receiver.model, as_batch(r_ids[:n]))
-        t_cache, _ = extract_cache(transmitter.model, as_batch(al.transmitter_ids))
-        return _Prepared(own, t_cache, torch.tensor([al.index[:n]]), r_ids[-1:], answer,
-                         len(r_ids) - 1)
-    text = ex.transmitter_text or ex.prompt
-    t_cache, _ = extract_cache(transmitter.model,
-                               as_batch(transmitter_ids(transmitter, text, draft_tokens)))
-    n = len(prompt_ids(transmitter.tokenizer, text))
-    bos = receiver.tokenizer.bos_token_id
-    if bos is not None and r_ids[0] == bos:
-        own, _ = extract_cache(receiver.model, as_batch(r_ids[:1]))
-        return _Prepared(own, t_cache, None, r_ids[1:], answer, prompt_length=n)
-    return _Prepared(None, t_cache, None, r_ids, answer, prompt_length=n)
-
-
-def fused_state(fuser: Fuser, p: _Prepared, receiver_layout) -> KVCache:
-    """The receiver state a prepared example is scored from (gradients reach the fuser)."""
-    if fuser.config.mode == "aligned":
-        return fuser.fuse_aligned(p.own, p.transmitter, p.index)
-    start = 1 if p.own is not None else 0
-    prefix = fuser.prefix(p.transmitter, receiver_layout, start=start,
-                          prompt_length=p.prompt_length)
-    return p.own.cat(prefix) if p.own is not None else prefix
-
-
-def answer_loss(receiver_model, state: KVCache, tail: list[int], answer: list[int],
-                start: int | None = None) -> torch.Tensor:
-    """Mean cross-entropy of ``answer`` tokens after running ``tail`` on ``state`` (``tail[0]``
-    at position ``start``, default right after the cache)."""
-    ids = as_batch(tail + answer[:-1])
-    starts = None if start is None else torch.tensor([start])
-    logits = continue_from_cache(receiver_model, state, ids,
-                                 start_positions=starts)[0, len(tail) - 1:]
-    target = torch.tensor(answer, device=logits.device)
-    return torch.nn.functional.cross_entropy(logits.float(), target)
-
-
-def fused_batch_state(fuser: Fuser, batch: list[_Prepared], receiver_layout) -> KVCache:
-    """The fused states of a batch, stacked (left-padded). Aligned fusion runs once on the
-    stacked caches (each row's transmitter index shifted by its padding); prefix fusion runs
-    per example."""
-    if fuser.config.mode != "aligned":
-        return stack_caches([fused_state(fuser, p, receiver_layout) for p in batch])
-    own = stack_caches([p.own for p in batch])
-    sent = stack_caches([p.transmitter for p in batch])
-    index = torch.zeros(len(batch), own.length, dtype=torch.long)
-    for i, p in enumerate(batch):
-        index[i, own.length - p.own.length:] = p.index[0] + (sent.length - p.transmitter.length)
-    return fuser.fuse_aligned(own, sent, index)
-
-
-def batch_answer_loss(receiver_model, pad_id: int, state: KVCache, batch: list[_Prepared]
-                      ) -> torch.Tensor:
-    """The mean over examples of :func:`answer_loss`, in one receiver forward from the
-    stacked states (:func:`fused_batch_state`), each example's tail + answer right-padded."""
-    ids, mask = pad_batch([p.tail + p.answer[:-1] for p in batch], pad_id)
-    starts = torch.tensor([p.start if p.start is not None else int(state.mask[i].sum())
-                           for i, p in enumerate(batch)])
-    logits = continue_from_cache(receiver_model, state, ids, mask, start_positions=starts)
-    losses = []
-    for i, p in enumerate(batch):
-        rows = logits[i, len(p.tail) - 1: len(p.tail) - 1 + len(p.answer)]
-        target = torch.tensor(p.answer, device=rows.device)
-        losses.append(torch.nn.functional.cross_entropy(rows.float(), target))
-    return torch.stack(losses).mean()
-
-
-def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
-                     cfg: FuserTrainConfig, progress: bool = False) -> list[_Prepared]:
-    """Both frozen models' caches of every example, as :func:`train_fuser` uses them; they
-    depend on the fusion mode, ``fuse_last`` and ``draft_tokens`` only, so one list serves
-    every seed."""
-    return [_prepare(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens)
-            for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]
 
 
 def loss_summary(losses: list[float]) -> dict:
@@ -175,25 +96,31 @@ def loss_summary(losses: list[float]) -> dict:
 
 def train_fuser(receiver: Peer, transmitter: Peer, examples: list[Example],
                 cfg: FuserTrainConfig | None = None, progress: bool = True,
-                log=None, prepared: list[_Prepared] | None = None) -> tuple[Fuser, list[float]]:
+                log=None, prepared: list[Prepared] | None = None,
+                teacher: Peer | None = None) -> tuple[Fuser, list[float]]:
     """Train a fresh fuser (transmitter -> receiver) on ``examples``; returns it and the
     per-step losses. ``log(step=, loss=, lr=)`` is called every 20 steps when given."""
     fusers, losses = train_fusers(receiver, [transmitter], examples, cfg, progress, log,
-                                  None if prepared is None else [prepared])
+                                  None if prepared is None else [prepared], teacher)
     return fusers[0], losses
 
 
 def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Example],
                  cfg: FuserTrainConfig | None = None, progress: bool = True, log=None,
-                 prepared: list[list[_Prepared]] | None = None
+                 prepared: list[list[Prepared]] | None = None, teacher: Peer | None = None
                  ) -> tuple[list[Fuser], list[float]]:
     """Train one fresh fuser per transmitter, all into ``receiver``, on ``examples``;
     returns them and the per-step losses. With several transmitters (aligned mode only) each
     step fuses a random non-empty subset of them in parallel, each transmitter in with
     probability 1/2 (C2C's bitmask), so that at inference any subset summed by FedRefine's
     parallel ``multi`` is in distribution. ``prepared[i]``: :func:`prepare_examples` of
-    transmitter ``i``."""
+    transmitter ``i``; ``teacher``: the model whose cache the ``cache`` objectives regress
+    toward (the receiver's architecture and tokenizer)."""
     cfg = cfg or FuserTrainConfig()
+    if needs_teacher(cfg.objective) and teacher is None and prepared is None:
+        raise PlasticError(f"objective {cfg.objective!r} needs a teacher: a model of the "
+                           "receiver's architecture and tokenizer that knows what the "
+                           "transmitter knows")
     if not examples:
         raise PlasticError("no training examples for the fuser")
     if not transmitters:
@@ -212,7 +139,12 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
     for f in fusers:
         f.to(device)
     if prepared is None:
-        prepared = [prepare_examples(receiver, t, examples, cfg, progress) for t in transmitters]
+        prepared = [prepare_examples(receiver, t, examples, cfg, progress,
+                                     teacher if needs_teacher(cfg.objective) else None)
+                    for t in transmitters]
+    if needs_teacher(cfg.objective) and any(p.teacher is None for ps in prepared for p in ps):
+        raise PlasticError(f"objective {cfg.objective!r}: the prepared examples have no "
+                           "teacher cache (prepare them with teacher=...)")
     if len(prepared) != len(transmitters) or any(len(p) != len(examples) for p in prepared):
         raise PlasticError(f"prepared caches for {[len(p) for p in prepared]} examples and "
                            f"{len(transmitters)} transmitters, for {len(examples)} examples: "
@@ -260,8 +192,10 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
                                             receiver.layout) for i in subset]
                 state = states[0] if len(fusers) == 1 else stack_caches(
                     [prepared[0][j].own for j in rows]).plus_changes(states)
-                loss = batch_answer_loss(receiver.model, pad_id, state,
-                                         [prepared[subset[0]][j] for j in rows])
+                batch = [prepared[subset[0]][j] for j in rows]
+                loss = OBJECTIVES[cfg.objective](Step(
+                    state, batch, lambda b=batch, st=state: batch_answer_loss(
+                        receiver.model, pad_id, st, b)))
                 loss.backward()
                 total = loss.item()
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -291,7 +225,7 @@ def evaluate_answer_loss(receiver: Peer, transmitter: Peer, fuser: Fuser | None,
     draft = fuser.config.draft_tokens if fuser is not None else 0
     total = 0.0
     for ex in examples:
-        p = _prepare(receiver, transmitter, ex, mode, fuse_last, draft)
+        p = prepare_example(receiver, transmitter, ex, mode, fuse_last, draft)
         state = fused_state(fuser, p, receiver.layout) if fuser is not None else p.own
         total += float(answer_loss(receiver.model, state, p.tail, p.answer, p.start))
     return total / len(examples)

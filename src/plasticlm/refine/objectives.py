@@ -1,0 +1,78 @@
+"""What a fuser is trained to do, one registered objective per name (``OBJECTIVES``):
+
+- ``answer`` (C2C's): the receiver's next-token cross-entropy on the answer tokens after
+  the fused cache;
+- ``cache``: cache regression toward a *teacher*, a model of the receiver's architecture and
+  tokenizer that knows what the transmitter knows (on the sandbox, the receiver taught the
+  facts): the fused K/V should equal the teacher's K/V of the same prompt. The loss is the
+  share of the cache gap left, sum over layers and real positions of ||fused - teacher||^2
+  divided by ||receiver - teacher||^2 (1.0 for a fuser that adds nothing, 0 when the fused
+  cache is the teacher's). It gives a target at every position and layer, where the answer
+  loss gives one through a few answer tokens;
+- ``answer+cache``: their sum.
+
+An objective is ``loss(step) -> scalar tensor`` over a :class:`Step` (the receiver, the batch's
+prepared examples and their fused, stacked cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+
+from plasticlm.refine.cache import KVCache, stack_caches
+from plasticlm.registry import Registry
+
+OBJECTIVES: Registry[Callable[..., torch.Tensor]] = Registry("fuser objective")
+
+
+@dataclass
+class Step:
+    """One training step's inputs: ``state`` is the fused cache of ``batch`` (stacked,
+    left-padded); ``answer_loss()`` the receiver's answer cross-entropy from it."""
+
+    state: KVCache
+    batch: list            # prepared.Prepared, with .own and .teacher caches
+    answer_loss: Callable[[], torch.Tensor]
+
+
+def needs_teacher(name: str) -> bool:
+    """Whether objective ``name`` regresses toward a teacher's cache."""
+    return "cache" in name.split("+")
+
+
+@OBJECTIVES.register("answer")
+def answer_objective(step: Step) -> torch.Tensor:
+    return step.answer_loss()
+
+
+def cache_gap(state: KVCache, own: KVCache, teacher: KVCache) -> torch.Tensor:
+    """sum ||state - teacher||^2 / sum ||own - teacher||^2 over layers, K and V, and the
+    real (unpadded) positions; all three caches ``[B, heads, T, dim]`` per layer, one mask."""
+    mask = own.mask[:, None, :, None].to(state.keys[0].dtype)
+    left = gap = torch.zeros((), device=mask.device)
+    for ours, base, target in ((state.keys, own.keys, teacher.keys),
+                               (state.values, own.values, teacher.values)):
+        for s, o, t in zip(ours, base, target):
+            t = t.float()
+            left = left + (((s.float() - t) ** 2) * mask).sum()
+            gap = gap + (((o.float() - t) ** 2) * mask).sum()
+    return left / gap.clamp_min(1e-8)
+
+
+@OBJECTIVES.register("cache")
+def cache_objective(step: Step) -> torch.Tensor:
+    own = stack_caches([p.own for p in step.batch])
+    teacher = stack_caches([p.teacher for p in step.batch])
+    return cache_gap(step.state, own, teacher)
+
+
+@OBJECTIVES.register("answer+cache")
+def answer_and_cache_objective(step: Step) -> torch.Tensor:
+    return answer_objective(step) + cache_objective(step)
+
+
+Objective = Annotated[str, OBJECTIVES.key]
