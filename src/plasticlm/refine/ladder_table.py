@@ -10,6 +10,7 @@ import json
 import time
 
 from plasticlm.eval import CI, format_ci, format_summary, paired_summary, pooled_bootstrap_ci
+from plasticlm.refine.align import align_tokens
 from plasticlm.refine.ladder import Ladder
 from plasticlm.refine.report import probe_summary
 from plasticlm.refine.rungs import LABELS, LadderConfig, run_rungs
@@ -78,7 +79,26 @@ def ladder_table(report: dict) -> str:
                      f"fuses {gate['best_fused_pp']:+.1f} pp, at the last prompt token "
                      f"{gate['best_last_pp']:+.1f} pp (threshold {PROBE_GATE_PP:.0f} pp): "
                      + ("passed." if gate["testable"] else "**not passed**."))
+    seg = report.get("segmentation")
+    if seg:
+        lines.append(f"Tokenizers: {100 * seg['prompts_cut_differently']:.0f}% of the test "
+                     f"prompts are cut differently by the specialist's and the receiver's "
+                     f"(mean {seg['specialist_tokens']:.1f} vs {seg['receiver_tokens']:.1f} "
+                     "tokens); rung g aligns them by character offsets.")
     return "\n".join(lines)
+
+
+def segmentation(lad: Ladder) -> dict:
+    """How differently the specialist's and the receiver's tokenizers cut the test prompts
+    (what rung g's token alignment has to bridge)."""
+    cuts = [align_tokens(lad.receiver.tokenizer, lad.specialist.tokenizer, it.prompt)
+            for it in lad.test_items]
+    differ = [len(a.receiver_ids) != len(a.transmitter_ids) or a.index != list(range(len(a.index)))
+              for a in cuts]
+    n = len(cuts)
+    return {"prompts_cut_differently": sum(differ) / n,
+            "receiver_tokens": sum(len(a.receiver_ids) for a in cuts) / n,
+            "specialist_tokens": sum(len(a.transmitter_ids) for a in cuts) / n}
 
 
 def run_ladder(cfg: LadderConfig) -> dict:
@@ -95,6 +115,7 @@ def run_ladder(cfg: LadderConfig) -> dict:
               "recipe": dataclasses.asdict(cfg.fuser),
               "results": ladder_results(lad), "zero_equals_alone":
               lad.extra.get("zero_equals_alone"), "probe_gate": gate,
+              "segmentation": segmentation(lad) if "specialist" in cfg.rungs else None,
               "fuser_training": lad.training, "gates_on": lad.gates,
               "taught": {f.parent.name: {k: v for k, v in json.loads(f.read_text()).items()
                                          if k != "key"}

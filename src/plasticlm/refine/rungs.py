@@ -24,15 +24,18 @@ toward the oracle's cache in every row, the controls' included.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal, get_args
 
 import torch
 from torch import nn
 
 from plasticlm.config import Field, configclass
+from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation
 from plasticlm.refine.examples import Example, general_examples
+from plasticlm.refine.experiment import sandbox_world_of
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.ladder import Ladder, score_items
@@ -44,6 +47,7 @@ from plasticlm.refine.train import FuserTrainConfig
 
 Rung = Literal["zero", "handover", "regression", "scored", "general", "specialist"]
 RUNGS = get_args(Rung)
+TrainText = Literal["general", "domain", "general+domain"]
 
 
 @configclass
@@ -57,8 +61,11 @@ class LadderConfig:
                          "specialist's shape, no private fact")
     fuser: FuserTrainConfig = Field(default_factory=FuserTrainConfig,
                                     description="the recipe under test (rungs d, e, f, g)")
-    general_examples: int = Field(2000, gt=0, description="general (corpus) examples of "
-                                  "rungs e, f, g")
+    general_examples: int = Field(2000, gt=0, description="training examples of rungs e, "
+                                  "f, g")
+    train_text: TrainText = Field("general", description="what rungs e, f, g train on: the "
+                                  "world's general corpus, the specialist's own-domain corpus "
+                                  "without any evaluation entity, or half of each")
     task_epochs: int = Field(4, gt=0, description="epochs of rungs c and d")
     seeds: int = Field(3, gt=0, description="fuser training seeds per trained rung")
     max_eval: int = Field(0, ge=0, description="test questions kept (0: the whole split)")
@@ -143,6 +150,27 @@ def _pair(lad: Ladder, rung: str, knows: Peer, blank: Peer, examples: list[Examp
     lad.seeded(list(labels), run_seed)
 
 
+def domain_texts(lad: Ladder) -> list[str]:
+    """The specialist's own-domain corpus, every document naming an evaluation entity left
+    out."""
+    path = sandbox_world_of(lad.cfg.receiver) / "corpus" / "specialist.txt"
+    if not path.exists():
+        raise PlasticError(f"train_text=domain needs the specialist's corpus ({path})")
+    held_out = set(lad.groups)
+    return [d.text for d in load_text_corpus(path)
+            if not held_out & set(re.findall(r"[A-Z][\w'-]*", d.text))]
+
+
+def recipe_examples(lad: Ladder) -> list[Example]:
+    """The examples of rungs e, f and g (``train_text``)."""
+    n, kind = lad.cfg.general_examples, lad.cfg.train_text
+    if kind == "general":
+        return general_examples(lad.corpus, n)
+    if kind == "domain":
+        return general_examples(domain_texts(lad), n)
+    return general_examples(lad.corpus, n // 2) + general_examples(domain_texts(lad), n - n // 2)
+
+
 def run_rungs(lad: Ladder) -> Peer:
     """Every rung of ``lad.cfg.rungs``; returns the oracle."""
     cfg = lad.cfg
@@ -168,7 +196,7 @@ def run_rungs(lad: Ladder) -> Peer:
                   for it in lad.test_items]
         _pair(lad, "scored", oracle, receiver, scored,
               dataclasses.replace(cfg.fuser, epochs=cfg.task_epochs), oracle)
-    general = general_examples(lad.corpus, cfg.general_examples)
+    general = recipe_examples(lad)
     if "general" in rungs:
         _pair(lad, "general", oracle, receiver, general, cfg.fuser, oracle)
     if "specialist" in rungs:
