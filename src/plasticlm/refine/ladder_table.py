@@ -48,7 +48,7 @@ def ladder_results(lad: Ladder) -> dict:
             ctrl = (ctrl * len(per_seed))[: len(per_seed)]
             entry["control"] = control
             entry.update(paired_summary("minus_control", per_seed, ctrl, g))
-        if span and label != "alone":
+        if span and label != "alone" and (label in controls or label in controls.values()):
             entry["fraction_of_ceiling"] = (_mean(per_seed) - alone) / span
         results[label] = entry
     return results

@@ -133,21 +133,16 @@ LABELS = {  # rung -> (knowing row, its control row)
 def _pair(lad: Ladder, rung: str, knows: Peer, blank: Peer, examples: list[Example],
           fcfg: FuserTrainConfig, teacher: Peer | None) -> None:
     """A trained rung: per seed, one fuser from ``knows`` and one from ``blank``, each trained
-    the same way, scored on the test items."""
-    labels = LABELS[rung]
+    the same way (its own losses and gates recorded), scored on the test items."""
     teacher = teacher if needs_teacher(fcfg.objective) else None
-
-    def run_seed(seed: int):
-        got, losses, gates = {}, [], []
-        for label, peer in zip(labels, (knows, blank)):
-            (fuser,), loss = lad.fit(f"{rung}|{label}", lad.receiver, [peer], examples, fcfg,
-                                     seed, teacher=teacher)
+    for label, peer in zip(LABELS[rung], (knows, blank)):
+        def run_seed(seed: int, label=label, peer=peer):
+            (fuser,), losses = lad.fit(f"{rung}|{label}", lad.receiver, [peer], examples, fcfg,
+                                       seed, teacher=teacher)
             fr = FedRefine(lad.receiver, [Link(peer, fuser)])
-            got[label] = score_items(fr, lad.test_items, "c2c", lad.cfg.progress, label)
-            losses += loss
-            gates.append(fuser.gates_on())
-        return got, losses, gates
-    lad.seeded(list(labels), run_seed)
+            return ({label: score_items(fr, lad.test_items, "c2c", lad.cfg.progress, label)},
+                    losses, fuser.gates_on())
+        lad.seeded([label], run_seed)
 
 
 def domain_texts(lad: Ladder) -> list[str]:
