@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "world's specialist questions of the receiver's preset)")
     q.add_argument("--splits", default="dev,val", help="training splits, comma-separated")
     q.add_argument("--subjects", default="", help="comma-separated subjects (default all)")
+    q.add_argument("--teacher", default="", help="objective cache / answer+cache: the model "
+                   "whose cache the fuser learns to reproduce (the receiver's architecture and "
+                   "tokenizer, knowing what the transmitter knows)")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     add_runtime_options(q)
     q.set_defaults(func=_train_fuser)
@@ -47,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--corpus", default="", help="plain-text corpus, documents separated by "
                    "<|endoftext|> (default: the sandbox world's general corpus)")
     q.add_argument("--examples", type=SIZE, default=2000, help="general examples to train on")
+    q.add_argument("--teacher", default="", help="objective cache / answer+cache: the model "
+                   "whose cache the fuser learns to reproduce (the receiver's architecture and "
+                   "tokenizer, knowing what the transmitter knows)")
     add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
     add_runtime_options(q)
     q.set_defaults(func=_pretrain_fuser, output_args=("registry",))
@@ -90,7 +96,8 @@ def _train_fuser(args) -> int:
         "receiver": args.receiver, "mmlu": args.mmlu, "subjects": _split(args.subjects),
         "train_splits": _split(args.splits)}))
     examples = make_examples(train_q, prompt_fn, private=cfg.private)
-    fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
+    teacher = load_peer(args.teacher) if args.teacher else None
+    fuser, losses = train_fuser(receiver, transmitter, examples, cfg, teacher=teacher)
     out = fuser.save_pretrained(prepare_output(args.out, "fuser", hint="give another --out"))
     r_params = sum(p.numel() for p in receiver.model.parameters())
     summary = {"out": str(Path(out)), "examples": len(examples), "steps": len(losses),
@@ -124,7 +131,8 @@ def _pretrain_fuser(args) -> int:
         raise PlasticError(f"{corpus} gives no general examples (it needs documents of two or "
                            "more sentences, or Q/A lines)")
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
-    fuser, losses = train_fuser(receiver, transmitter, examples, cfg)
+    teacher = load_peer(args.teacher) if args.teacher else None
+    fuser, losses = train_fuser(receiver, transmitter, examples, cfg, teacher=teacher)
     prepare_output(args.registry, "registry", hint="give another --registry")
     folder = fuser.save_pretrained(pair_folder(args.registry, transmitter.name, receiver.name))
     summary = {"receiver": args.receiver, "transmitter": args.transmitter, "corpus": str(corpus),

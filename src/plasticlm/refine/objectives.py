@@ -7,7 +7,7 @@
   facts): the fused K/V should equal the teacher's K/V of the same prompt. The loss is the
   share of the cache gap left, sum over layers and real positions of ||fused - teacher||^2
   divided by ||receiver - teacher||^2 (1.0 for a fuser that adds nothing, 0 when the fused
-  cache is the teacher's). It gives a target at every position and layer, where the answer
+  cache is the teacher's; by ||teacher||^2 when the teacher is the receiver). It gives a target at every position and layer, where the answer
   loss gives one through a few answer tokens;
 - ``answer+cache``: their sum.
 
@@ -53,14 +53,17 @@ def cache_gap(state: KVCache, own: KVCache, teacher: KVCache) -> torch.Tensor:
     """sum ||state - teacher||^2 / sum ||own - teacher||^2 over layers, K and V, and the
     real (unpadded) positions; all three caches ``[B, heads, T, dim]`` per layer, one mask."""
     mask = own.mask[:, None, :, None].to(state.keys[0].dtype)
-    left = gap = torch.zeros((), device=mask.device)
+    left = gap = energy = torch.zeros((), device=mask.device)
     for ours, base, target in ((state.keys, own.keys, teacher.keys),
                                (state.values, own.values, teacher.values)):
         for s, o, t in zip(ours, base, target):
             t = t.float()
             left = left + (((s.float() - t) ** 2) * mask).sum()
             gap = gap + (((o.float() - t) ** 2) * mask).sum()
-    return left / gap.clamp_min(1e-8)
+            energy = energy + ((t ** 2) * mask).sum()
+    # A teacher that is the receiver leaves no gap: measure against the cache's size instead.
+    scale = gap if gap > 1e-6 * energy else energy
+    return left / scale.clamp_min(1e-12)
 
 
 @OBJECTIVES.register("cache")
