@@ -65,7 +65,6 @@ def ladder_table(report: dict) -> str:
                      f"{format_summary(r, 'minus_alone')} | {format_summary(r, 'minus_control')}"
                      f" | {r.get('control', '-')} | "
                      f"{'-' if frac is None else f'{100 * frac:.0f}%'} |")
-    gate = report.get("probe_gate")
     lines += ["", f"{report['n_eval']} test questions about {report['test_entities']} entities "
               "no fuser trained on; chance 25%. Fraction of the ceiling: (row - alone) / "
               "(hand-over - alone), on means. The oracle is the receiver taught every fact; "
@@ -74,11 +73,14 @@ def ladder_table(report: dict) -> str:
               f"{report['recipe']['epochs']} epochs, hidden {report['recipe']['hidden']}."]
     if report.get("zero_equals_alone") is not None:
         lines.append(f"Rung a equals alone item for item: {report['zero_equals_alone']}.")
-    if gate and gate["rows"]:
-        lines.append(f"Specialist probe gate: best specialist - control at the positions C2C "
-                     f"fuses {gate['best_fused_pp']:+.1f} pp, at the last prompt token "
-                     f"{gate['best_last_pp']:+.1f} pp (threshold {PROBE_GATE_PP:.0f} pp): "
-                     + ("passed." if gate["testable"] else "**not passed**."))
+    for key, who in (("oracle_probe_gate", "oracle - receiver (rungs c-f)"),
+                     ("probe_gate", "specialist - control (rung g)")):
+        gate = report.get(key)
+        if gate and gate["rows"]:
+            lines.append(f"Probe gate, {who}: best at the positions C2C fuses "
+                         f"{gate['best_fused_pp']:+.1f} pp, at the last prompt token "
+                         f"{gate['best_last_pp']:+.1f} pp (threshold {PROBE_GATE_PP:.0f} pp): "
+                         + ("passed." if gate["testable"] else "**not passed**."))
     seg = report.get("segmentation")
     if seg:
         lines.append(f"Tokenizers: {100 * seg['prompts_cut_differently']:.0f}% of the test "
@@ -106,15 +108,17 @@ def run_ladder(cfg: LadderConfig) -> dict:
     report."""
     lad = Ladder(cfg)
     run_rungs(lad)
-    gate = None
-    if "probe" in lad.extra:
-        rows, fused, last = probe_summary(lad.extra, "probe", lad.groups)
-        gate = {"rows": rows, "best_fused_pp": 100 * fused, "best_last_pp": 100 * last,
-                "testable": 100 * fused >= PROBE_GATE_PP}
+    gates = {}
+    for key in ("probe", "probe_oracle"):
+        if key in lad.extra:
+            rows, fused, last = probe_summary(lad.extra, key, lad.groups)
+            gates[key] = {"rows": rows, "best_fused_pp": 100 * fused, "best_last_pp": 100 * last,
+                          "testable": 100 * fused >= PROBE_GATE_PP}
     report = {"n_eval": len(lad.test_items), "test_entities": len(set(lad.groups)),
               "recipe": dataclasses.asdict(cfg.fuser),
               "results": ladder_results(lad), "zero_equals_alone":
-              lad.extra.get("zero_equals_alone"), "probe_gate": gate,
+              lad.extra.get("zero_equals_alone"), "probe_gate": gates.get("probe"),
+              "oracle_probe_gate": gates.get("probe_oracle"),
               "segmentation": segmentation(lad) if "specialist" in cfg.rungs else None,
               "fuser_training": lad.training, "gates_on": lad.gates,
               "taught": {f.parent.name: {k: v for k, v in json.loads(f.read_text()).items()

@@ -173,6 +173,8 @@ def run_rungs(lad: Ladder) -> Peer:
     receiver = lad.receiver
     lad.once("alone", FedRefine(receiver), "alone")
     oracle = oracle_peer(lad, Facts(lad))
+    if rungs & {"regression", "scored", "general"}:
+        lad.probe_pair("probe_oracle", oracle, receiver)   # the oracle pair's gate
     if "zero" in rungs:
         lad.once(LABELS["zero"][0], FedRefine(receiver, [Link(oracle, zero_fuser(receiver,
                                                                                 oracle))]), "c2c")
