@@ -202,7 +202,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
                 preset: str | Path | None = None) -> T:
     """Defaults of ``cls``, updated by the ``preset`` file, then the file at ``path``, then
     ``key=value`` overrides; validated once, here."""
-    data: dict = {}
+    # A section whose default is built by a factory (e.g. another objective than its class's
+    # own default) keeps that default under partial changes of the section.
+    data: dict = {name: to_dict(info.default_factory())
+                  for name, info in getattr(cls, "__pydantic_fields__", {}).items()
+                  if is_config(info.annotation) and info.default_factory is not None}
     for file in (preset, path):
         if file:
             deep_update(data, read_config_file(file))
