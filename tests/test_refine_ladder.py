@@ -144,7 +144,7 @@ def _scaled(c: KVCache, by: float, padding: float = 0.0) -> KVCache:
                    c.positions, c.mask)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, 2**16), st.integers(1, 3), st.integers(1, 3), st.integers(2, 7),
        st.lists(st.integers(0, 6), min_size=3, max_size=3), st.floats(1e-3, 1e3),
        st.floats(-1e4, 1e4), st.floats(0.0, 1.0))
@@ -159,12 +159,14 @@ def test_cache_gap_is_the_share_of_the_gap_left(seed, batch, layers, length, pad
     between = KVCache(own.layout, [o + t * (x - o) for o, x in zip(own.keys, teacher.keys)],
                       [o + t * (x - o) for o, x in zip(own.values, teacher.values)],
                       own.token_ids, own.positions, own.mask)
-    assert float(cache_gap(between, own, teacher)) == pytest.approx((1 - t) ** 2)
+    # cache_gap sums in float32: near t = 1 the difference cancels to ~1e-4 relative
+    assert float(cache_gap(between, own, teacher)) == pytest.approx((1 - t) ** 2, rel=1e-3,
+                                                                    abs=1e-7)
     gap = float(cache_gap(state, own, teacher))
     assert float(cache_gap(*(_scaled(c, 1.0, garbage * i) for i, c in
-                             enumerate((state, own, teacher), 1)))) == pytest.approx(gap)
+                             enumerate((state, own, teacher), 1)))) == pytest.approx(gap, rel=1e-5)
     assert float(cache_gap(*(_scaled(c, scale) for c in (state, own, teacher)))) == \
-        pytest.approx(gap, rel=1e-6)
+        pytest.approx(gap, rel=1e-5)
 
 
 def _held_out_gap(receiver, oracle, fuser, examples, cfg) -> float:
