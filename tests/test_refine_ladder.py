@@ -6,6 +6,7 @@ prompts it never saw; and the ladder experiment writes every rung beside its con
 import copy
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -246,3 +247,39 @@ def test_ladder_quick_writes_every_rung_beside_its_control(tmp_path):
     assert report["zero_equals_alone"] is True
     assert rows[LABELS["zero"][0]]["accuracy"] == rows["alone"]["accuracy"]
     assert (out / "table.md").read_text().count("\n|") >= len(rows) + 1
+
+
+def test_transfer_refuses_a_teacher_objective_on_rows_without_a_teacher():
+    from plasticlm.config import load_config
+    from plasticlm.refine.ladder import TransferConfig
+
+    with pytest.raises(PlasticError, match="needs a teacher"):
+        load_config(TransferConfig, None, ["fuser.objective=cache"])
+    cfg = load_config(TransferConfig, None, ["fuser.objective=cache",
+                                             'rows=["multi","co_c2c"]'])
+    assert cfg.fuser.objective == "cache" and cfg.fuser.epochs == 2
+
+
+def test_multi_and_co_c2c_train_toward_teachers_on_domain_text(tmp_path):
+    """Item 5 of issue 39: the multi-party and Co-C2C rows with the cache recipe. Each fuser
+    regresses toward its reader taught every fact (the receiver's oracle; the control's
+    shape taught every fact for Co-C2C's other direction), on general + domain text that
+    names no evaluation entity."""
+    from plasticlm.cli import main
+    from plasticlm.refine.training_text import domain_texts
+
+    out = tmp_path / "transfer"
+    assert main(["refine", "experiment", "transfer", "--quick", "--set", f"out={out}",
+                 "--set", "progress=false", "--set", 'rows=["multi","co_c2c"]',
+                 "--set", "fuser.objective=cache", "--set", "train_text=general+domain"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert {"oracle", "control-oracle", "half-0", "half-1"} <= set(report["taught"])
+    assert "multi x2 (parallel), parties" in report["results"]
+    assert "co-c2c, co-party B (control taught half 1)" in report["results"]
+    assert report["n_general_examples"] == 32
+    texts = domain_texts("quick:receiver", set())
+    entity = re.findall(r"[A-Z][\w'-]*", texts[0])[-1]    # a name the first document uses
+    named = [t for t in texts if re.search(rf"\b{entity}\b", t)]
+    kept = domain_texts("quick:receiver", {entity})
+    assert named and len(kept) == len(texts) - len(named)
+    assert not any(re.search(rf"\b{entity}\b", t) for t in kept)

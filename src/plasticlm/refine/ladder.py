@@ -25,6 +25,7 @@ from plasticlm.refine.experiment import ExperimentConfig, load_questions, sandbo
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import RefineConfig
+from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.probe import ProbeItem, probe_table
 from plasticlm.refine.train import (
@@ -33,6 +34,7 @@ from plasticlm.refine.train import (
     prepare_examples,
     train_fusers,
 )
+from plasticlm.refine.training_text import TrainText
 from plasticlm.runs import RunDir
 
 log = logging.getLogger("plasticlm.refine")
@@ -55,6 +57,9 @@ class TransferConfig:
                                   "general fusers train on")
     fuser: FuserTrainConfig = Field(default_factory=FuserTrainConfig,
                                     description="how every fuser trains")
+    train_text: TrainText = Field("general", description="what general fusers train on: the "
+                                  "world's general corpus, the specialist's own-domain corpus "
+                                  "without any evaluation entity, or half of each")
     task_epochs: int = Field(4, gt=0, description="epochs of the task fusers")
     seeds: int = Field(3, gt=0, description="fuser training seeds per row")
     max_eval: int = Field(0, ge=0, description="test questions kept (0: the whole split)")
@@ -80,6 +85,11 @@ class TransferConfig:
     progress: bool = Field(True, description="show progress bars and log rows")
 
     def __post_init__(self):
+        taught_only = {"probe", "multi", "co_c2c"}
+        if needs_teacher(self.fuser.objective) and not taught_only >= set(self.rows):
+            raise PlasticError(f"fuser.objective={self.fuser.objective} needs a teacher; here "
+                               f"only rows multi and co_c2c have one (the receiver taught "
+                               f"every fact): set rows, or use `refine experiment ladder`")
         if "draft" in self.rows and self.draft_tokens < 1:
             raise PlasticError("the draft row needs draft_tokens >= 1 (the drafted tokens "
                                "are what is shared)")

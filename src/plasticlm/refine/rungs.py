@@ -24,18 +24,15 @@ toward the oracle's cache in every row, the controls' included.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Literal, get_args
 
 import torch
 from torch import nn
 
 from plasticlm.config import Field, configclass
-from plasticlm.data.corpus import load_text_corpus
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_continuation
-from plasticlm.refine.examples import Example, general_examples
-from plasticlm.refine.experiment import sandbox_world_of
+from plasticlm.refine.examples import Example
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.fuser import Fuser
 from plasticlm.refine.ladder import Ladder, score_items
@@ -44,10 +41,10 @@ from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.taught import Facts, oracle_peer
 from plasticlm.refine.train import FuserTrainConfig
+from plasticlm.refine.training_text import TrainText, training_examples
 
 Rung = Literal["zero", "handover", "regression", "scored", "general", "specialist"]
 RUNGS = get_args(Rung)
-TrainText = Literal["general", "domain", "general+domain"]
 
 
 @configclass
@@ -148,25 +145,10 @@ def _pair(lad: Ladder, rung: str, knows: Peer, blank: Peer, examples: list[Examp
         lad.seeded([label], run_seed)
 
 
-def domain_texts(lad: Ladder) -> list[str]:
-    """The specialist's own-domain corpus, every document naming an evaluation entity left
-    out."""
-    path = sandbox_world_of(lad.cfg.receiver) / "corpus" / "specialist.txt"
-    if not path.exists():
-        raise PlasticError(f"train_text=domain needs the specialist's corpus ({path})")
-    held_out = set(lad.groups)
-    return [d.text for d in load_text_corpus(path)
-            if not held_out & set(re.findall(r"[A-Z][\w'-]*", d.text))]
-
-
 def recipe_examples(lad: Ladder) -> list[Example]:
     """The examples of rungs e, f and g (``train_text``)."""
-    n, kind = lad.cfg.general_examples, lad.cfg.train_text
-    if kind == "general":
-        return general_examples(lad.corpus, n)
-    if kind == "domain":
-        return general_examples(domain_texts(lad), n)
-    return general_examples(lad.corpus, n // 2) + general_examples(domain_texts(lad), n - n // 2)
+    return training_examples(lad.cfg.train_text, lad.cfg.general_examples, lad.corpus,
+                             lad.cfg.receiver, set(lad.groups))
 
 
 def run_rungs(lad: Ladder) -> Peer:

@@ -17,6 +17,7 @@ from plasticlm.refine.ladder import Ladder, TransferConfig, entity_of, score_bot
 from plasticlm.refine.leakage import learned_inversion
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import RefineConfig
+from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rule_rephrase
 from plasticlm.runtime import pick_dtype
@@ -115,10 +116,22 @@ def private_rows(lad: Ladder, oracle: Peer, general) -> None:
                dataclasses.replace(prefix_cfg, private=True), RefineConfig(private=True))
 
 
+def teacher_of(lad: Ladder, facts: Facts, spec: str, name: str) -> Peer | None:
+    """The teacher of a fuser into a receiver of ``spec`` when the objective needs one: that
+    model taught every fact (what all transmitters together know); None otherwise."""
+    if not needs_teacher(lad.cfg.fuser.objective):
+        return None
+    if spec == lad.cfg.receiver:
+        return oracle_peer(lad, facts)
+    return taught_peer(lad.run.path, spec, name, facts.facts, lad.cfg, lad.corpus)
+
+
 def multi_rows(lad: Ladder, facts: Facts, general) -> None:
     """Heterogeneous parties each taught a disjoint part of the entities, fused together
-    (and each alone), beside the same models untaught."""
+    (and each alone), beside the same models untaught. A cache objective regresses toward the
+    oracle's cache in both."""
     cfg = lad.cfg
+    teacher = teacher_of(lad, facts, cfg.receiver, "oracle")
     k = len(cfg.parties)
     kinds = {"parties": [taught_peer(lad.run.path, spec, f"party-{i}", facts.part(i, k), cfg,
                                      lad.corpus) for i, spec in enumerate(cfg.parties)],
@@ -131,7 +144,8 @@ def multi_rows(lad: Ladder, facts: Facts, general) -> None:
             lad.once(f"transmitter alone, party {i} ({arch[i]}), {kind}", FedRefine(p), "alone")
 
         def run_seed(seed: int, kind=kind, peers=peers, labels=labels):
-            fusers, losses = lad.fit(kind, lad.receiver, peers, general, cfg.fuser, seed)
+            fusers, losses = lad.fit(kind, lad.receiver, peers, general, cfg.fuser, seed,
+                                     teacher)
             links = [Link(p, f) for p, f in zip(peers, fusers)]
             got = {labels[0]: score_items(FedRefine(lad.receiver, links), lad.test_items,
                                           "multi", cfg.progress, labels[0], n=None)}
@@ -145,8 +159,11 @@ def multi_rows(lad: Ladder, facts: Facts, general) -> None:
 
 def co_c2c_rows(lad: Ladder, facts: Facts, general) -> None:
     """Co-C2C between the receiver taught half the entities and the control taught the
-    other half; each party's control is itself alone."""
+    other half; each party's control is itself alone. A cache objective regresses each
+    direction toward its reader's model taught every fact."""
     cfg = lad.cfg
+    teacher_a = teacher_of(lad, facts, cfg.receiver, "oracle")
+    teacher_b = teacher_of(lad, facts, cfg.control, "control-oracle")
     a = taught_peer(lad.run.path, cfg.receiver, "half-0", facts.part(0, 2), cfg, lad.corpus)
     b = taught_peer(lad.run.path, cfg.control, "half-1", facts.part(1, 2), cfg, lad.corpus)
     lad.once("alone, co-party A (receiver taught half 0)", FedRefine(a), "alone")
@@ -155,8 +172,8 @@ def co_c2c_rows(lad: Ladder, facts: Facts, general) -> None:
               "co-c2c, co-party B (control taught half 1)"]
 
     def run_co(seed: int):
-        (f_ba,), loss_a = lad.fit("co-a", a, [b], general, cfg.fuser, seed)
-        (f_ab,), loss_b = lad.fit("co-b", b, [a], general, cfg.fuser, seed)
+        (f_ba,), loss_a = lad.fit("co-a", a, [b], general, cfg.fuser, seed, teacher_a)
+        (f_ab,), loss_b = lad.fit("co-b", b, [a], general, cfg.fuser, seed, teacher_b)
         ours, theirs = score_both(FedRefine(a, [Link(b, f_ba)], reverse_fuser=f_ab),
                                   lad.test_items, cfg.progress, "co-c2c")
         return {labels[0]: ours, labels[1]: theirs}, loss_a + loss_b, \

@@ -46,7 +46,7 @@ import json
 import logging
 import time
 
-from plasticlm.refine.examples import Example, general_examples
+from plasticlm.refine.examples import Example
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.ladder import ROWS, Ladder, TransferConfig, entity_of
 from plasticlm.refine.link import Link
@@ -60,6 +60,7 @@ from plasticlm.refine.taught import (
     oracle_rows,
     private_rows,
 )
+from plasticlm.refine.training_text import training_examples
 
 log = logging.getLogger("plasticlm.refine")
 
@@ -89,7 +90,8 @@ def run_transfer(cfg: TransferConfig) -> dict:
             lad.once(f"t2t, {name}", FedRefine(receiver, [Link(peer, None)], RefineConfig(
                 t2t_max_new_tokens=cfg.t2t_max_new_tokens)), "t2t")
 
-    general = general_examples(lad.corpus, cfg.general_examples)
+    general = training_examples(cfg.train_text, cfg.general_examples, lad.corpus, cfg.receiver,
+                                set(lad.groups))
     task: list[Example] = []
     if {"task", "task_fuse_last"} & rows:
         task = lad.knows(specialist, "specialist knows")
