@@ -68,7 +68,10 @@ def pair():
     names = sorted({"".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
                     for _ in range(80)})[:32]
     facts = {n: ORGANS[i % len(ORGANS)] for i, n in enumerate(names)}
-    wrong = {n: ORGANS[(i + 1 + i % 3) % len(ORGANS)] for i, n in enumerate(names)}
+    # the control's answers are drawn per name, not a function of the right one: a relabelling
+    # of the facts would carry the same information and a probe would read it as well
+    wrong = {n: random.Random(n + "/control").choice([o for o in ORGANS if o != v])
+             for n, v in facts.items()}
     docs = [f"{_question(n)} {v}." for n, v in facts.items()] * 3
     t_tok = train_bpe_tokenizer(docs, vocab_size=300)
     r_tok = train_bpe_tokenizer(docs + ["the kidney of a brain"] * 3, vocab_size=280)
@@ -80,7 +83,7 @@ def pair():
                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64)
     _fit_answers(spec, t_tok, facts, 200)
     _fit_answers(control, t_tok, wrong, 200)
-    # measured: the specialist answers 100% of its facts, the control 22%
+    # the specialist is fitted to every fact; the control to a different organ for each name
     others = {n[::-1].capitalize(): random.Random(n).choice(ORGANS) for n in names}
     _fit_answers(recv, r_tok, others, 30)
     return (Peer("receiver", recv, r_tok), Peer("specialist", spec, t_tok),
@@ -221,22 +224,27 @@ def test_fuser_transfers_to_unseen_entities_beyond_a_control_transmitter(pair):
 
 
 def test_probe_reads_the_specialists_answer_from_its_cache(pair):
-    """A linear probe trained on 20 entities reads the organ of 12 others from the
-    specialist's last-layer cache at the last prompt token, and not from the control's
-    (measured 83% vs 33%, n = 12)."""
+    """A linear probe reads the organ of entities it was not trained on from the specialist's
+    last-layer cache at the last prompt token, and not from the control's: 4-fold
+    cross-validation over the 32 entities, so every entity is scored once by a probe trained
+    on the other 24 (measured 66% vs 25%, n = 32)."""
     from plasticlm.refine.probe import ProbeItem, probe_table
 
     _, specialist, control, facts = pair
-    seen, unseen = _split(facts)
+    names = sorted(facts)
 
-    def items(fs):
-        return [ProbeItem(_question(n), tuple(_choices(n, v)), _choices(n, v).index(v))
-                for n, v in fs.items()]
+    def items(ns):
+        return [ProbeItem(_question(n), tuple(_choices(n, facts[n])),
+                          _choices(n, facts[n]).index(facts[n])) for n in ns]
 
     last = (2, "last")
-    spec = probe_table(specialist, items(seen), items(unseen))[last]
-    ctrl = probe_table(control, items(seen), items(unseen))[last]
-    assert sum(spec) / len(spec) >= sum(ctrl) / len(ctrl) + 0.3
+    spec, ctrl = [], []
+    for fold in range(4):
+        test = names[fold::4]
+        train = [n for n in names if n not in test]
+        spec += probe_table(specialist, items(train), items(test))[last]
+        ctrl += probe_table(control, items(train), items(test))[last]
+    assert sum(spec) / len(spec) >= sum(ctrl) / len(ctrl) + 0.3, (sum(spec), sum(ctrl))
 
 
 def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, capsys):
