@@ -107,6 +107,22 @@ def test_run_dir_writes_config_and_metrics(tmp_path):
     assert [m["step"] for m in run.metrics()] == [1, 2]
 
 
+
+def test_run_dir_writes_strict_json_a_non_finite_number_is_null(tmp_path):
+    """JSON has no NaN or Infinity: a run folder's files stay readable by any JSON parser."""
+    run = RunDir.create("r", root=tmp_path)
+    run.write_json("report.json", {"gate": float("nan"), "rows": [1.0, float("inf")],
+                                   "t": torch.tensor([float("nan"), 2.0])})
+    run.log(loss=float("nan"))
+
+    def refuse(token):
+        raise ValueError(token)
+
+    report = json.loads((tmp_path / "r" / "report.json").read_text(), parse_constant=refuse)
+    assert report == {"gate": None, "rows": [1.0, None], "t": [None, 2.0]}
+    line = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[0]
+    assert json.loads(line, parse_constant=refuse)["loss"] is None
+
 def test_seeding_repeats():
     seed_everything(7)
     a = torch.randn(3)

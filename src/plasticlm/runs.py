@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ def cache_home() -> Path:
 
 
 def _jsonable(obj: Any) -> Any:
+    """``obj`` as strict JSON values: a non-finite float becomes ``null`` (JSON has no NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
     if isinstance(obj, dict):
@@ -34,7 +38,7 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     tolist = getattr(obj, "tolist", None)  # NumPy scalars and arrays, torch tensors
-    return tolist() if callable(tolist) else obj
+    return _jsonable(tolist()) if callable(tolist) else obj
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -89,13 +93,14 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     def write_json(self, filename: str, obj: Any) -> Path:
-        return write_text_atomic(self.path / filename, json.dumps(_jsonable(obj), indent=2) + "\n")
+        text = json.dumps(_jsonable(obj), indent=2, allow_nan=False)
+        return write_text_atomic(self.path / filename, text + "\n")
 
     def log(self, **metrics: Any) -> dict:
         """Append one record (with a wall-clock ``time``) to ``metrics.jsonl``."""
         record = {"time": round(time.time(), 3), **_jsonable(metrics)}
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         return record
 
     def metrics(self) -> list[dict]:
