@@ -25,7 +25,7 @@ def test_every_field_has_help(cls):
     assert rows and all(help_ for _, _, help_ in rows), [k for k, _, h in rows if not h]
     text = describe(cls)
     if cls is ExperimentConfig:   # registry keys and Literals list their choices
-        assert "scol.reward" in text and "supervised | intrinsic" in text
+        assert "scol.reward" in text and "supervised | loglik | intrinsic" in text
         assert "scol.forget_from" in text and "recent | all" in text
 
 

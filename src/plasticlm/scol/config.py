@@ -20,8 +20,9 @@ class SCoLConfig:
                                "(0: greedy)")
     max_layers: int = Field(2, ge=1, description="most layers one action may name")
     reward: Annotated[str, REWARDS.key] = Field(
-        "supervised", description="what scores a candidate: QA accuracy (supervised) or "
-        "likelihood (intrinsic)")
+        "loglik", description="what scores a candidate: the gold answers' log-likelihood "
+        "(loglik; continuous), QA accuracy (supervised; 0/1 per question, candidates often "
+        "tie) or the context's own likelihood (intrinsic)")
     lam: float = Field(1.0, ge=0, description="weight of forgetting in the reward")
     qa_metric: QAMetric = Field("f1", description="QA score of the supervised reward")
     forget_window: int = Field(4, ge=0, description="earlier contexts checked for forgetting")

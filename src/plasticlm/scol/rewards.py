@@ -1,5 +1,7 @@
 """Rewards = acquisition - lambda * forgetting: one registered class per reward (``REWARDS``,
-the only list of them; ``scol.reward`` names one), supervised (QA) or intrinsic (likelihood).
+the only list of them; ``scol.reward`` names one): the gold answers' log-likelihood
+(``loglik``, the default: continuous, so candidates rarely tie), QA accuracy (``supervised``,
+0/1 per question: a reported metric) or the context's own likelihood (``intrinsic``).
 Add a reward with ``@REWARDS.register(name)`` on a :class:`RewardProbe` subclass.
 
 Closed-book QA: the model greedily continues ``Q: <question> A:`` (the one QA template,
@@ -17,16 +19,24 @@ from typing import Literal, get_args
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import generate_texts, squad_score
+from plasticlm.eval import (
+    encode_pair,
+    generate_texts,
+    pad_id_of,
+    qa_continuation,
+    score_continuations,
+    squad_score,
+)
 from plasticlm.eval import qa_prompt as template_prompt
 from plasticlm.registry import Registry
 from plasticlm.scol.consolidate import context_windows, lm_loss
 from plasticlm.scol.records import Context, Question, Reward
 
 __all__ = ["ANSWER_STOPS", "FORGET_FROM", "REWARDS", "Context", "ForgetFrom", "IntrinsicReward",
-           "QAMetric", "Question", "Reward", "RewardProbe", "SupervisedReward", "context_nll",
-           "earlier_contexts", "intrinsic_reward", "qa_accuracy", "qa_answers", "qa_prompt",
-           "qa_scores", "reward_probe", "supervised_reward"]
+           "LoglikReward", "QAMetric", "Question", "Reward", "RewardProbe", "SupervisedReward",
+           "answer_loglik", "context_nll", "earlier_contexts", "intrinsic_reward",
+           "loglik_reward", "qa_accuracy", "qa_answers", "qa_prompt", "qa_scores",
+           "reward_probe", "supervised_reward"]
 
 ANSWER_STOPS = ("\n", ".", " Q:")
 QAMetric = Literal["em", "f1"]
@@ -69,6 +79,36 @@ def qa_accuracy(model, tokenizer, questions: Sequence[Question], metric: str = "
         return 0.0
     j = 0 if metric == "em" else 1
     return sum(s[j] for s in scores) / len(scores)
+
+
+@torch.no_grad()
+def answer_loglik(model, tokenizer, questions: Sequence[Question], batch_size: int = 16
+                  ) -> list[float]:
+    """Per question, the mean log-probability per token (nats) of its first gold answer
+    after the QA prompt, ``log p(" " + answer | "Q: <question> A:") / tokens``."""
+    if not questions:
+        return []
+    pairs = [encode_pair(tokenizer, qa_prompt(q.question), qa_continuation(q.answers[0]))
+             for q in questions]
+    scores = score_continuations(model, [c for c, _ in pairs], [a for _, a in pairs],
+                                 pad_id_of(tokenizer), batch_size)
+    return [s.mean_logprob for s in scores]
+
+
+def loglik_reward(current_before: Sequence[float], current_after: Sequence[float],
+                  earlier_before: Sequence[float], earlier_after: Sequence[float],
+                  lam: float) -> Reward:
+    """Acquisition: the mean gain in the gold answers' log-likelihood (nats/token) on the
+    context's questions; forgetting: the mean loss of it on the retention probes (earlier
+    contexts' questions); total = acquisition - ``lam`` * forgetting."""
+    if len(current_before) != len(current_after) or len(earlier_before) != len(earlier_after):
+        raise PlasticError("log-likelihoods before and after must pair up")
+
+    def mean(xs) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+    acquisition = mean([a - b for b, a in zip(current_before, current_after)])
+    forgetting = mean([b - a for b, a in zip(earlier_before, earlier_after)])
+    return Reward(acquisition, forgetting, acquisition - lam * forgetting)
 
 
 def supervised_reward(acc_current: float, acc_earlier_before: float | None,
@@ -154,6 +194,29 @@ class SupervisedReward(RewardProbe):
         after = (qa_accuracy(adapted, self.tokenizer, self.earlier_q, cfg.qa_metric)
                  if self.earlier_q else None)
         return supervised_reward(acc, self.before, after, cfg.lam)
+
+
+@REWARDS.register("loglik")
+class LoglikReward(RewardProbe):
+    """The gold answers' log-likelihood gain on the context's questions minus lambda times
+    its loss on the earlier contexts' questions (retention probes): needs questions, and
+    separates candidates that 0/1 accuracy ties."""
+
+    def __init__(self, model, tokenizer, contexts: Sequence[Context], t: int, cfg):
+        super().__init__(model, tokenizer, contexts, t, cfg)
+        if not self.context.questions:
+            raise PlasticError(f"context {self.context.id!r} has no questions; the loglik "
+                               "reward needs them (use reward=intrinsic)")
+        self.earlier_q = [q for c in self.earlier for q in c.questions]
+        self.current_before = answer_loglik(model, tokenizer, self.context.questions)
+        self.earlier_before = answer_loglik(model, tokenizer, self.earlier_q)
+
+    def __call__(self, adapted) -> Reward:
+        return loglik_reward(self.current_before,
+                             answer_loglik(adapted, self.tokenizer, self.context.questions),
+                             self.earlier_before,
+                             answer_loglik(adapted, self.tokenizer, self.earlier_q),
+                             self.cfg.lam)
 
 
 @REWARDS.register("intrinsic")

@@ -75,6 +75,9 @@ class ExperimentConfig:
                             "(short regime)")
     long_max_chunks: int = Field(24, ge=1, description="longbench: chunks per stream at most "
                                  "(long regime)")
+    oracle_layers: int = Field(1, ge=1, description="oracle: the most layers of the sets "
+                               "searched exhaustively at every context (each set is adapted "
+                               "twice per context)")
     threads: int = Field(1, ge=1, description="torch threads; tiny models gain nothing from "
                          "more")
     seed: int = Field(0, ge=0, description="seed of streams, samples and LoRA")
