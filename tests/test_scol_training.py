@@ -220,7 +220,7 @@ def test_fisher_and_recall(tiny):
     assert exact == 0.5 and sampled == pytest.approx(0.5, abs=0.05)
 
 
-def test_cli_squad_experiment_quick(tiny, tmp_path):
+def test_cli_squad_experiment_quick(tiny, tmp_path, capsys):
     from plasticlm.cli import scol
 
     _, _, _, folder = tiny
@@ -232,6 +232,10 @@ def test_cli_squad_experiment_quick(tiny, tmp_path):
                               f"squad={folder / 'squad.json'}", "--out", str(out),
                               "--set", "scol.reward=intrinsic", "--set", "full_rows_every=3"])
     assert args.func(args) == 0
+    # --quick says above its table that the smoke preset's numbers are not results
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == scol.SMOKE_LINE == "smoke run: numbers mean nothing"
+    assert printed[1] == (out / "report.md").read_text().splitlines()[0]
     seed = json.loads((out / "seed-0" / "report.json").read_text())
     assert set(seed["methods"]) == set(METHODS)
     for name, entry in seed["methods"].items():
