@@ -142,5 +142,9 @@ def test_margins_are_measured_on_seed_b_not_on_the_seed_that_picked():
                             for k, vals in (("A", a), ("B", b))}}
     # seed A prefers layer 0, seed B scores both layers the same
     per_seed = [[record([1.0, 0.0], [0.5, 0.5]) for _ in range(4)] for _ in range(3)]
-    margin = summarise(per_seed)["margins"]["loglik.total: oracle - last"]["pooled"]
+    summary = summarise(per_seed)
+    margin = summary["margins"]["loglik.total: oracle - last"]["pooled"]
     assert margin["mean"] == pytest.approx(0.0)
+    # the best fixed set is picked on seed A too, and scored on B like the oracle
+    assert summary["best_fixed"] == [0]
+    assert summary["margins"]["loglik.total: oracle - fixed"]["pooled"]["mean"] == 0.0

@@ -132,11 +132,23 @@ def run_stream(base, tok, stream: list[Context], cfg: ExperimentConfig, seed: in
     return records
 
 
-def _series(records: list[dict], which: str, reward: str = "loglik", part: str = "total"
-            ) -> list[float]:
+def best_fixed(per_seed: list[list[dict]]) -> tuple[int, ...]:
+    """The layer set with the best mean seed-A loglik total over every context of every
+    seed: the best fixed choice in hindsight (picked on A, scored on B like the oracle)."""
+    records = [r for rs in per_seed for r in rs]
+    sets = [tuple(c) for c in records[0]["candidates"][: records[0]["n_sets"]]]
+
+    def mean_a(s):
+        return sum(r["rewards"]["A"][[tuple(c) for c in r["candidates"]].index(s)]["loglik"]
+                   ["total"] for r in records) / len(records)
+    return max(sets, key=mean_a)
+
+
+def _series(records: list[dict], which: str, reward: str = "loglik", part: str = "total",
+            fixed: tuple[int, ...] = ()) -> list[float]:
     """Per context, seed B's ``reward`` ``part`` of the candidate ``which`` names: ``oracle``
-    (A's pick), ``last`` (the last layer), ``policy`` (the untrained policy's greedy
-    action) or ``random`` (the mean over every layer set)."""
+    (A's pick), ``last`` (the last layer), ``fixed`` (the set ``fixed``), ``policy`` (the
+    untrained policy's greedy action) or ``random`` (the mean over every layer set)."""
     out = []
     for r in records:
         cands = [tuple(c) for c in r["candidates"]]
@@ -147,6 +159,8 @@ def _series(records: list[dict], which: str, reward: str = "loglik", part: str =
         elif which == "last":
             last = max(max(c) for c in cands)
             out.append(b[cands.index((last,))])
+        elif which == "fixed":
+            out.append(b[cands.index(tuple(fixed))])
         elif which == "policy":
             out.append(b[cands.index(tuple(r["policy"]))])
         else:
@@ -173,16 +187,18 @@ def tie_rates(records: list[dict]) -> dict:
 
 def summarise(per_seed: list[list[dict]]) -> dict:
     """Margins of the oracle over each comparison, paired on contexts, over seeds."""
-    summary: dict = {"margins": {}, "means": {}}
+    fixed = best_fixed(per_seed)
+    summary: dict = {"margins": {}, "means": {}, "best_fixed": list(fixed)}
+    kinds = ("oracle", "last", "fixed", "policy", "random")
     for reward, parts in (("loglik", ("total", "acquisition", "forgetting")),
                           ("supervised", ("total",))):
         for part in parts:
             key = f"{reward}.{part}"
-            series = {w: [_series(rs, w, reward, part) for rs in per_seed]
-                      for w in ("oracle", "last", "policy", "random")}
+            series = {w: [_series(rs, w, reward, part, fixed) for rs in per_seed]
+                      for w in kinds}
             summary["means"][key] = {w: sum(map(sum, s)) / sum(map(len, s))
                                      for w, s in series.items()}
-            for other in ("last", "policy", "random"):
+            for other in kinds[1:]:
                 pooled, seeds = paired_intervals(series["oracle"], series[other])
                 summary["margins"][f"{key}: oracle - {other}"] = {
                     "pooled": asdict(pooled), "over_seeds": asdict(seeds),
@@ -207,7 +223,7 @@ def oracle_markdown(report: dict) -> str:
              f"one domain per seed, domains {', '.join(report['domains'])}; "
              f"{len(report['layer_sets'])} layer sets of 1..{report['oracle_layers']} layers "
              "plus the untrained policy's greedy action; picked with LoRA seed A, scored with "
-             "seed B). Rewards: loglik in nats/token of the gold answers (x100 below), "
+             f"seed B; fixed = the best fixed set in hindsight, {s['best_fixed']}). Rewards: loglik in nats/token of the gold answers (x100 below), "
              "supervised = 0/1-F1 QA accuracy (pp).", "",
              "| comparison | difference [95% CI] (seeds [lo, hi]) | verdict |", "|---|---|---|"]
     for key, m in s["margins"].items():
