@@ -133,8 +133,13 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
             *book,
             _row("fednl, recurrence removed", "fednl", **{"memory.recurrent": False}),
             _row("fedavg LoRA, window", "fedavg"),
+            # the paper's NIAH baselines, windowed like FedAvg (the same theta budget: LoRA)
+            *([_row(m, m) for m in ("fedprox", "fedala", "fedssi")]
+              if cfg.experiment == "niah" else []),
             Variant("fedavg LoRA, full attention", (("method.name", "fedavg"), *full.items())),
-            _row("untrained, window", "fedavg", trained=False)]
+            _row("untrained, window", "fedavg", trained=False),
+            # the memory as initialised, never trained: what FedNL's rows must beat per task
+            _row("fednl, untrained memory", "fednl", trained=False)]
 
 
 def _resolved(cfg: ExperimentConfig, v: Variant) -> FedNLConfig:
