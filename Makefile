@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-slow test-all lint bench clean
 
 # The stamp is newer than pyproject.toml when the venv is current: no reinstall.
 $(STAMP): pyproject.toml
@@ -20,6 +20,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# the tests marked slow (over 30 s each), left out of `make test`
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+test-all: test test-slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -173,6 +173,7 @@ def _as_targets(labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@pytest.mark.slow   # 30-55 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
     """A frozen tiny base pre-trained on associative recall with full attention loses it at
     a 4-token window; training theta alone (memory LoRA, beta, gate) brings recall back

@@ -99,6 +99,7 @@ def test_a_finished_run_is_not_overwritten(reference_run, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # 30-55 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(tmp_path):
     """The deployment runtime: separate SuperLink and SuperNode processes on 127.0.0.1, over
     TLS with SuperNode authentication. Two rogue nodes that hold the CA certificate and claim

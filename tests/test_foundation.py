@@ -188,6 +188,7 @@ def test_console_script_runs():
     assert "models" in out.stdout
 
 
+@pytest.mark.slow   # 30-55 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out

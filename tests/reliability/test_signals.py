@@ -78,6 +78,7 @@ def stop_after_a_round(out, sig: int, *extra: str) -> tuple[int, str, int]:
     return status, log.read_text(), at
 
 
+@pytest.mark.slow   # 30-55 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_ctrl_c_and_sigterm_stop_the_run_and_resume_continues_it(tmp_path):
     run_dir = tmp_path / "stopped"
     cfg = FedNLConfig()
