@@ -391,7 +391,9 @@ def test_rows_pick_variants_and_old_results_still_match(tmp_path):
     assert [v.label for v in variants(cfg)] == ["fednl", "fedavg LoRA, window",
                                                 "fedavg LoRA, full attention"]
     with pytest.raises(PlasticError, match="unknown rows"):
-        variants(ExperimentConfig(experiment="niah", rows=("fedprox",)))
+        variants(ExperimentConfig(experiment="niah", rows=("fedbogus",)))
+    with pytest.raises(PlasticError, match="unknown rows"):   # the NIAH baselines are niah's
+        variants(ExperimentConfig(experiment="openbook", rows=("fedprox",)))
     # results written before `rows` existed are still this config's
     old = {k: v for k, v in dataclasses.asdict(ExperimentConfig()).items() if k != "rows"}
     path = tmp_path / "results.json"

@@ -51,3 +51,18 @@ def test_the_control_row_is_not_compared_with_itself(label):
     runs = [_run([1, 0, 1], [0, 1, 0]) for _ in range(2)]
     table = per_task_table({label: {"runs": runs}})
     assert table.splitlines()[2].rstrip().endswith("| - |")
+
+
+def test_the_niah_table_ends_with_the_per_task_table_when_items_name_their_task():
+    from plasticlm.fednl.experiment import accuracy_table
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    cfg = ExperimentConfig(experiment="niah", seeds=1, rows=("fednl",))
+    runs = {f"{label}|0": {**_run([1, 0, 1, 1], [0, 0, 1, 0]), "theta_bytes": 1000}
+            for label in ("fednl", "fedavg LoRA, window")}
+    table = accuracy_table(cfg, {"runs": runs})
+    assert "| row | single | uuid | mean over tasks |" in table
+    # items without a task in their group (older results): no per-task table
+    for r in runs.values():
+        r["groups"] = list(range(len(r["correct"])))
+    assert "mean over tasks" not in accuracy_table(cfg, {"runs": runs})

@@ -44,7 +44,7 @@ from plasticlm.fednl.legacy import experiment_config
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
-from plasticlm.fednl.task_table import per_task_table
+from plasticlm.fednl.task_table import has_tasks, per_task_table
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import (
     ExperimentConfig,
@@ -183,7 +183,7 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                     "each row's final model at its own window, what learning to read far back "
                     "leaves of the short-context skill; bootstrap over questions ('-': runs "
                     "scored before the column existed)" if book else ""))
-    if cfg.experiment == "niah":
+    if cfg.experiment == "niah" and all(has_tasks(row["runs"]) for row in rows.values()):
         lines += ["", "Per task (the paper's NIAH-7 table has a column per task):", "",
                   per_task_table(rows)]
     return "\n".join(lines)

@@ -15,6 +15,11 @@ from plasticlm.eval import format_ci, paired_intervals, pooled_bootstrap_ci, see
 CONTROL = "fednl, untrained memory"
 
 
+def has_tasks(runs: list[dict]) -> bool:
+    """Whether the runs' items name their task (``"<task>/<sample>"`` groups)."""
+    return all(isinstance(g, str) and "/" in g for r in runs for g in r["groups"])
+
+
 def tasks_of(runs: list[dict]) -> list[str]:
     """The tasks of a row's runs, in the order their items come."""
     seen: dict[str, None] = {}
