@@ -116,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)   # --help and --version exit here, before torch loads
+    setup_logging(args.log_level)
     # heavy: imported when the command runs, not when the parser is built
     from plasticlm.runtime import threads
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
     try:
         # the thread policy and, for commands that load models, their device and dtype:
         # set once here for the whole command (plasticlm.runtime)
