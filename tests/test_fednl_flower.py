@@ -42,6 +42,10 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
         # the aggregated gate of every memory layer, per head, logged each round
         assert r["alpha"] and all(0 < a < 1 for v in r["alpha"].values() for a in v)
     assert records[-1]["alpha"] != records[0]["alpha"]  # the gate moves across rounds
+    # Flower's runtime installation is on (its default); the app declares no dependencies,
+    # so it installs nothing and never asks a package index for plasticlm
+    flower_log = (reference_run / "flower.log").read_text()
+    assert "No additional application dependencies needed installation" in flower_log
     # the progress line logged per round carries the round's metrics
     from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.strategy import progress_line

@@ -4,8 +4,9 @@ processes, optionally over TLS, driven by ``flwr run``.
 This is what runs across machines, started on one: the same commands with other addresses
 (see docs/fednl.md). The SuperLink is plasticlm's (:mod:`plasticlm.fednl.superlink`):
 Flower's app behind the operator gate, so only loopback or the operator secret reaches the
-Control and runtime routes. Flower's runtime dependency installation stays off; nothing is
-downloaded.
+Control and runtime routes. Flower's runtime dependency installation is on, as Flower
+ships it: the app declares no dependencies (they are this environment's), so nothing is
+installed or downloaded.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class LocalFederation:
         self.node_sec = node_sec
         self._spawn([sys.executable, "-m", "plasticlm.fednl.superlink", "--operator-secret-file",
                      str(self.operator_secret), *link_sec, "--host", self.host, "--port",
-                     str(link), "--disable-runtime-dependency-installation",
+                     str(link),
                      *(["--enable-supernode-auth"] if self.auth else [])], "superlink.log")
         wait_port(link, 60, self.procs[-1], self.workdir / "superlink.log")
         for i, port in enumerate(node_ports):

@@ -63,12 +63,12 @@ def flower_bin(name: str) -> str:
 
 
 def flower_env(home: Path, **extra: str) -> dict[str, str]:
-    """This process's environment for Flower's processes: their own FLWR_HOME, nothing
-    installed or checked online, unbuffered logs, this Python's executables first on PATH (the
+    """This process's environment for Flower's processes: their own FLWR_HOME, no update
+    check online, unbuffered logs, this Python's executables first on PATH (the
     SuperLink starts ``flower-superexec`` from it) and this process's import path (so the app
     imports the plasticlm this process runs, from a source tree too)."""
     return dict(os.environ, FLWR_HOME=str(home),
-                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", FLWR_DISABLE_UPDATE_CHECK="1",
+                FLWR_DISABLE_UPDATE_CHECK="1",
                 PYTHONUNBUFFERED="1",
                 PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                 PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

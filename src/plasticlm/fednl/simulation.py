@@ -61,7 +61,7 @@ class SimulationLink:
         logfile = self.home / "superlink.log"
         self.procs.append(spawn([flower_bin("flower-superlink"), "--insecure", "--simulation",
                                  "--isolation", "subprocess", "--host", "127.0.0.1", "--port",
-                                 str(port), "--disable-runtime-dependency-installation"],
+                                 str(port)],
                                 self.env, logfile))
         wait_port(port, 60, self.procs[0], logfile)
         return self
