@@ -55,3 +55,31 @@ def test_version_and_help_answer_without_heavy_imports():
     for result in (version, _answer("--help"), _answer("fednl", "--help")):
         assert result["heavy"] == [], f"answering imported {result['heavy']}"
         assert result["seconds"] < 2, f"answering took {result['seconds']:.2f} s"
+
+
+def test_quick_runs_write_to_their_own_folders():
+    """--quick never writes into the full run's folder: argparse defaults gain -quick, the
+    packaged quick presets name their own folders."""
+    from plasticlm.cli import _quick_outputs, build_parser
+
+    parser = build_parser()
+    for argv, want in ((["demo", "--quick"], "runs/demo-quick"), (["demo"], "runs/demo"),
+                       (["demo", "--quick", "--out", "runs/demo"], "runs/demo"),
+                       (["demo", "--quick", "--out=mine"], "mine"),
+                       (["scol", "train", "--quick"], "runs/scol-train-quick")):
+        args = parser.parse_args(argv)
+        _quick_outputs(args, argv)
+        assert args.out == want, argv
+    from plasticlm.config import load_config, preset_path
+    from plasticlm.fednl.config import FedNLConfig
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    quick = load_config(FedNLConfig, None, [], preset=preset_path("fednl", "quick"))
+    assert quick.name != FedNLConfig().name
+    quick = load_config(ExperimentConfig, None, [], preset=preset_path("fednl", "experiment-quick"))
+    assert quick.out != ExperimentConfig().out
+    for name in ("ladder", "transfer"):
+        from plasticlm.refine.ladder import TransferConfig
+
+        quick = load_config(TransferConfig, None, [], preset=preset_path("refine", f"{name}-quick"))
+        assert quick.out != TransferConfig().out

@@ -1,5 +1,6 @@
 """Run folders, configuration, seeding and the CLI surface."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -314,3 +315,21 @@ def test_a_typo_in_a_choice_is_refused_naming_the_choices(tmp_path):
     with pytest.raises(PlasticError, match="unknown NIAH task 'multikye'; choose one of single, "
                        "multikey, multivalue, multiquery, uuid, numeric, vartrack"):
         NIAHConfig("multikye")
+
+
+def test_scol_follows_the_commands_thread_policy_unless_its_config_names_one(monkeypatch):
+    """SCoL's `threads` used to default to 1 and override `--threads`; now it is null (the
+    command's policy) unless set."""
+    import plasticlm.scol.setup as scol_setup
+    from plasticlm.scol.setup import ExperimentConfig, quick_config
+
+    monkeypatch.setattr(scol_setup, "load_causal_lm", lambda *a, **k: (torch.nn.Linear(1, 1),
+                                                                        None))
+    monkeypatch.setattr(scol_setup, "float32_master", lambda m: m)
+    monkeypatch.setattr(scol_setup, "resolve_model", lambda cfg: "no model")
+    assert ExperimentConfig().threads is None and quick_config().threads is None
+    with threads(2):
+        scol_setup.load_model(quick_config())
+        assert torch.get_num_threads() == 2
+        scol_setup.load_model(dataclasses.replace(quick_config(), threads=1))
+        assert torch.get_num_threads() == 1

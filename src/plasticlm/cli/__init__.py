@@ -119,6 +119,7 @@ def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)   # --help and --version exit here, before torch loads
     setup_logging(args.log_level)
+    _quick_outputs(args, sys.argv[1:] if argv is None else argv)
     # heavy: imported when the command runs, not when the parser is built
     from plasticlm.runtime import threads
 
@@ -145,6 +146,19 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)
         return 130
+
+
+def _quick_outputs(args, argv: list[str]) -> None:
+    """A ``--quick`` run writes beside the full run's folder, never into it: an output folder
+    left at its ``runs/...`` default gains ``-quick`` (``runs/demo`` -> ``runs/demo-quick``)."""
+    if not getattr(args, "quick", False):
+        return
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    for dest in getattr(args, "output_args", ()):
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value.startswith("runs/") and \
+                "--" + dest.replace("_", "-") not in given:
+            setattr(args, dest, value + "-quick")
 
 
 def _flag(args, dest: str) -> str:

@@ -62,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE",
                    help="sweep: grid overrides, e.g. --sweep 'lr=[1e-3,3e-3]' --sweep "
                    "'modules=[\"mlp\"]'")
-    q.add_argument("--out", default=None, help="run folder (default runs/scol-<which>)")
+    q.add_argument("--out", default=None, help="run folder (default runs/scol-<which>, with "
+                   "--quick runs/scol-<which>-quick)")
     q.set_defaults(func=_experiment)
 
 
@@ -150,7 +151,8 @@ def _experiment(args) -> int:
         from plasticlm.scol.calibrate import SweepConfig
 
         grid = load_config(SweepConfig, None, args.sweep)
-    out = prepare_output(args.out or f"runs/scol-{args.which}", "experiment",
+    quick = "-quick" if getattr(args, "quick", False) else ""
+    out = prepare_output(args.out or f"runs/scol-{args.which}{quick}", "experiment",
                          hint="give another --out")
     progress = not args.no_progress
     if args.which == "squad":

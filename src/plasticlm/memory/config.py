@@ -23,7 +23,12 @@ class MemoryConfig:
     lora_alpha: float = Field(16.0, description="LoRA scale = lora_alpha / rank")
     conv_size: int = Field(0, ge=0, description="short causal depthwise convolution on q/k/v; "
                            "0 = none")
-    gate_init: float = Field(-16.0, description="initial gate logit; alpha = sigmoid(gate_init)")
+    # -16 here, 0 in FedNL's runs and experiments (fednl memory.gate_init, MQAR): attached with
+    # the default, a memory leaves the model's outputs as they were (alpha ~ 1e-7) until
+    # training opens the gate; FedNL starts half open because a gate at -16 barely moves in a
+    # few local steps (docs/fednl.md, "Memory-augmented attention")
+    gate_init: float = Field(-16.0, description="initial gate logit; alpha = sigmoid(gate_init); "
+                             "-16 leaves the model unchanged at attach time, FedNL uses 0")
     chunk_size: int = Field(64, gt=0, description="delta-rule chunk for sequences longer than it")
     # False: each token writes into an empty state and reads it back, o_t = beta_t (k_t . q_t)
     # v_t, so nothing is remembered across tokens.

@@ -78,8 +78,8 @@ class ExperimentConfig:
     oracle_layers: int = Field(1, ge=1, description="oracle: the most layers of the sets "
                                "searched exhaustively at every context (each set is adapted "
                                "twice per context)")
-    threads: int = Field(1, ge=1, description="torch threads; tiny models gain nothing from "
-                         "more")
+    threads: int | None = Field(None, ge=1, description="torch threads; null: the command's "
+                                "thread policy (--threads, $PLASTICLM_THREADS, else every core)")
     seed: int = Field(0, ge=0, description="seed of streams, samples and LoRA")
     seeds: int = Field(4, ge=1, description="squad: seeds seed, seed+1, ... run and pooled")
 
@@ -168,9 +168,10 @@ def swap_names(cfg: ExperimentConfig):
 
 def load_model(cfg: ExperimentConfig):
     """``(model in float32 on the run's device, tokenizer)`` of the experiment, with
-    ``cfg.threads`` threads. Always float32: consolidation merges LoRA deltas into the
+    ``cfg.threads`` threads when set (else the command's policy stands). Always float32: consolidation merges LoRA deltas into the
     weights, and deltas of 1e-4 relative vanish in bfloat16."""
-    set_threads(max(1, cfg.threads))
+    if cfg.threads is not None:
+        set_threads(cfg.threads)
     if pick_dtype() != torch.float32:
         log.warning("SCoL consolidates into float32 weights: its models load in float32, "
                     "not %s", dtype_name(pick_dtype()))
