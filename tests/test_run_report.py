@@ -65,7 +65,7 @@ def test_report_holds_every_table_plot_and_config_of_the_run(run_dir):
     assert "| fednl | 61.3 [58.0, 64.5] |" in md.read_text()
     # the page's own files are not reported again
     again, _ = write_report(run_dir)
-    assert again.read_text().count("<h3>index") == 0
+    assert again.read_text().count("<h3>Index") == 0
 
 
 def test_markdown_tables_headers_and_lists_become_html():
@@ -96,6 +96,34 @@ def test_a_browser_renders_every_table_and_plot(run_dir):
     check.feed(dom)
     assert 'data-tables="3"' in dom and 'data-images="2"' in dom
     assert 'data-images-rendered="2"' in dom, "a plot did not decode in the browser"
+    assert 'data-errors="0"' in dom, "the page raised a script error"
+    assert 'data-overflowing="0"' in dom, "an element sticks out of the page"
+
+
+def test_report_leaves_out_model_folders_and_follows_the_run_order(run_dir):
+    """Only plasticlm's own pages: a PEFT adapter folder's model card and config are not the
+    run's; stages appear in the order they ran, with titles, not file names."""
+    import os
+
+    adapter = run_dir / "scol" / "consolidated"
+    adapter.mkdir(parents=True)
+    (adapter / "README.md").write_text("---\nlibrary_name: peft\n---\n# Model Card\n")
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"x")
+    (run_dir / "scol" / "scol_table.md").write_text(TABLE)
+    (run_dir / "fednl").mkdir()
+    (run_dir / "fednl" / "table.md").write_text(TABLE)
+    os.utime(run_dir / "refine" / "table.md", (3e9, 3e9))   # refine ran last
+    for png in run_dir.rglob("*.png"):
+        os.utime(png, (3e9, 3e9))
+    os.utime(run_dir / "fednl" / "table.md", (1e9, 1e9))
+    os.utime(run_dir / "scol" / "scol_table.md", (2e9, 2e9))
+    page, md = write_report(run_dir)
+    text = page.read_text()
+    assert "Model Card" not in text and "consolidated" not in text
+    assert text.index("<code>fednl</code>") < text.index("<code>scol</code>") \
+        < text.index("<code>refine</code>")
+    assert "<h3>Scol table</h3>" in text and "scol_table.md" not in text
 
 
 def test_tensorboard_export_holds_every_metric_of_every_record(tmp_path, capsys):

@@ -28,14 +28,21 @@ REPORT_NAMES = ("index.html", "index.md")
 REPORT_FOLDER = "report"   # RUN/report/: the report's own marked folder
 PACKAGES = ("plasticlm", "torch", "transformers", "peft", "flwr")
 # Written by the page itself once the browser has loaded it: what rendered.
+# Errors are counted from the first script on; overflow = anything wider than the window.
+_ERRORS = "<script>window.__errors = 0; window.addEventListener('error', () => window.__errors++);" \
+    "</script>"
 _CHECK = """<script>
 window.addEventListener('load', () => {
   const images = [...document.images];
   const ok = images.filter(i => i.complete && i.naturalWidth > 0).length;
   const el = document.getElementById('render-check');
+  const wide = [...document.body.querySelectorAll('*')].filter(
+    e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1).length;
   el.dataset.tables = document.querySelectorAll('table').length;
   el.dataset.images = images.length;
   el.dataset.imagesRendered = ok;
+  el.dataset.overflowing = wide;
+  el.dataset.errors = window.__errors;
   el.textContent = `rendered: ${el.dataset.tables} tables, ${ok} of ${images.length} plots`;
 });
 </script>"""
@@ -44,6 +51,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; co
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+.wide { overflow-x: auto; max-width: 100%; } code { overflow-wrap: anywhere; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 section { border-top: 2px solid #ddd; margin-top: 2em; } .meta td:first-child { font-weight: 600; }
 </style>"""
@@ -75,9 +83,10 @@ def markdown_to_html(text: str) -> str:
                     rows.append(cells)
                 i += 1
             head, body = rows[0], rows[1:]
-            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+            out.append('<div class="wide"><table><tr>'
+                       + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
                        + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>"
-                                 for r in body) + "</table>")
+                                 for r in body) + "</table></div>")
         elif m := re.match(r"(#{1,6}) (.*)", line):
             level = min(6, len(m.group(1)) + 2)
             out.append(f"<h{level}>{_inline(m.group(2))}</h{level}>")
@@ -150,20 +159,47 @@ def _times(folder: Path) -> dict:
     return out
 
 
+def _weights_folder(f: Path) -> bool:
+    """A model, adapter or checkpoint folder: its Markdown is a library's (PEFT's model card
+    template), its config.json a model's, not the run's."""
+    return any(f.glob("*.safetensors")) or (f / "adapter_config.json").exists()
+
+
+def _tables(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.md")
+                  if p.name not in REPORT_NAMES and p.name != "README.md")
+
+
+def _started(folder: Path) -> float:
+    """When a folder's stage ran: its oldest file (sections follow the run's order)."""
+    stamps = [p.stat().st_mtime for p in folder.iterdir() if p.is_file()]
+    return min(stamps, default=folder.stat().st_mtime)
+
+
 def _sections(root: Path) -> list[Path]:
-    """Folders under ``root`` (itself first) holding tables, plots or a config."""
-    folders = [root, *sorted(p for p in root.rglob("*") if p.is_dir())]
+    """Folders under ``root`` (itself first, then in the order they ran) holding the run's
+    tables, plots or config; model and adapter folders are left out."""
     keep = []
-    for f in folders:
+    for f in (p for p in root.rglob("*") if p.is_dir()):
         inner = f.relative_to(root).parts
         if any(x.startswith((".", "__")) or x.endswith(".partial") for x in inner):
             continue
         if (read_marker(f) or {}).get("kind") == "report":   # a report, not the run's
             continue
-        tables = [p for p in f.glob("*.md") if p.name not in REPORT_NAMES]
-        if tables or list(f.glob("*.png")) or (f / "config.json").exists():
+        if any(_weights_folder(p) for p in (f, *f.parents) if root in p.parents):
+            continue
+        if _tables(f) or list(f.glob("*.png")) or (f / "config.json").exists():
             keep.append(f)
+    keep.sort(key=lambda f: (_started(f), str(f)))
+    if _tables(root) or list(root.glob("*.png")) or (root / "config.json").exists():
+        keep.insert(0, root)
     return keep
+
+
+def _title(path: Path) -> str:
+    """A file's or folder's name as a title: ``scol_report.md`` -> ``Scol report``."""
+    words = path.stem.replace("_", " ").replace("-", " ").strip()
+    return words[:1].upper() + words[1:]
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:
@@ -189,21 +225,25 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
                              *prov["versions"].items()]) + "</table>"]
     for folder in folders:
         name = "." if folder == root else str(folder.relative_to(root))
-        body.append(f"<section><h2>{html.escape(name)}</h2>")
-        md += [f"## {name}", ""]
+        title = "The run" if folder == root else " / ".join(
+            _title(Path(x)) for x in folder.relative_to(root).parts)
+        body.append(f"<section><h2>{html.escape(title)} <small><code>{html.escape(name)}"
+                    "</code></small></h2>")
+        md += [f"## {title} (`{name}`)", ""]
         times = _times(folder)
         if times:
             text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in times.items())
             body.append(f"<p>Time: {html.escape(text)}</p>")
             md += [f"Time: {text}", ""]
-        for table in sorted(p for p in folder.glob("*.md") if p.name not in REPORT_NAMES):
+        for table in _tables(folder):
             text = table.read_text()
-            body += [f"<h3>{html.escape(table.name)}</h3>", markdown_to_html(text)]
-            md += [f"### {table.name}", "", text.strip(), ""]
+            body += [f"<h3>{html.escape(_title(table))}</h3>", markdown_to_html(text)]
+            md += [f"### {_title(table)}", "", text.strip(), ""]
         for png in sorted(folder.glob("*.png")):
             data = base64.b64encode(png.read_bytes()).decode()
-            body.append(f'<h3>{html.escape(png.name)}</h3>'
-                        f'<img alt="{html.escape(png.name)}" src="data:image/png;base64,{data}">')
+            body.append(f'<h3>{html.escape(_title(png))}</h3>'
+                        f'<img alt="{html.escape(_title(png))}" '
+                        f'src="data:image/png;base64,{data}">')
             md += [f"![{png.name}](../{png.relative_to(root).as_posix()})", ""]
         config = folder / "config.json"
         if config.exists():
@@ -214,7 +254,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
                    "```", "", "</details>", ""]
         body.append("</section>")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>plasticlm run report: "
-            f"{html.escape(str(root))}</title>{_STYLE}</head><body>" + "\n".join(body)
+            f"{html.escape(str(root))}</title>{_STYLE}{_ERRORS}</head><body>" + "\n".join(body)
             + _CHECK + "</body></html>\n")
     return (write_text_atomic(out / "index.html", page),
             write_text_atomic(out / "index.md", "\n".join(md).rstrip() + "\n"))
