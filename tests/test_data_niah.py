@@ -105,3 +105,26 @@ def test_bad_requests():
         make_sample(NIAHConfig("multikey", 30), HAY)
     with pytest.raises(PlasticError, match="outside"):
         make_sample(NIAHConfig("single", 300, 1.5), HAY)
+
+
+def test_multikey_decoys_are_the_other_keys_values_stated_in_the_context(monkeypatch):
+    """Issue 41: a multi-key item's wrong options are the values the context gives other
+    keys, so choosing right needs the key; random numbers never appear in the text and
+    would let "any number from the text" win."""
+    import plasticlm.sandbox.probes as probes
+
+    for s in generate_niah("multikey", 6, 300, HAY, seed=2):
+        decoys = s.meta["decoys"]
+        assert len(decoys) == 3 and not set(decoys) & set(s.answers)
+        assert all(f"is: {d}." in s.context for d in decoys)
+    for s in generate_niah("single", 3, 300, HAY, seed=2):
+        assert "decoys" not in s.meta
+    asked = []   # the options niah_choice scores, recorded instead of running a model
+    monkeypatch.setattr(probes, "encode_pair", lambda tok, prompt, cont: ([1], cont))
+    monkeypatch.setattr(probes, "pad_id_of", lambda tok: 0)
+    monkeypatch.setattr(probes, "score_continuations", lambda model, ctx, conts, *a: [
+        asked.append(c.strip()) or type("S", (), {"logprob": 0.0})() for c in conts])
+    samples = generate_niah("multikey", 2, 300, HAY, seed=2)
+    probes.niah_choice(None, None, samples)
+    for i, s in enumerate(samples):
+        assert sorted(asked[4 * i: 4 * i + 4]) == sorted([s.answers[0], *s.meta["decoys"]])

@@ -124,9 +124,9 @@ def _needles(cfg: NIAHConfig, rng: random.Random) -> tuple[list[str], list[str],
     t = cfg.task
     if t in ("single", "multikey"):
         k, v = _key(rng, keys), _number(rng, nums)
-        others = [magic_number_needle(_key(rng, keys), _number(rng, nums))
+        others = [(_key(rng, keys), _number(rng, nums))
                   for _ in range(cfg.num_distractors if t == "multikey" else 0)]
-        return ([magic_number_needle(k, v)], others,
+        return ([magic_number_needle(k, v)], [magic_number_needle(*o) for o in others],
                 f"What is the special magic number for {k} mentioned in the text?", [v])
     if t == "multivalue":
         k = _key(rng, keys)
@@ -208,6 +208,9 @@ def make_sample(cfg: NIAHConfig, sentences: Sequence[str], seed: int = 0, tokeni
         fracs = sorted(fracs)  # a chain must be readable front to back
     fracs += [rng.random() for _ in distractors]
     needles = targets + distractors
+    # values the context states for other keys: the wrong options that test key binding
+    decoys = [re.search(r"is: (\S+)\.$", d).group(1) for d in distractors
+              if cfg.task in ("multikey", "multiquery")]
 
     def build(hay: list[str]) -> NIAHSample:
         pieces = list(hay)
@@ -215,7 +218,8 @@ def make_sample(cfg: NIAHConfig, sentences: Sequence[str], seed: int = 0, tokeni
         for slot, j in sorted(slots, reverse=True):
             pieces.insert(slot, needles[j])
         sample = NIAHSample(sample_id or f"{cfg.task}-{cfg.length}-{seed}", cfg.task,
-                            " ".join(pieces), question, answers, 0, cfg.depth, unit)
+                            " ".join(pieces), question, answers, 0, cfg.depth, unit,
+                            {"decoys": decoys} if decoys else {})
         sample.length = count(sample.prompt)
         return sample
 

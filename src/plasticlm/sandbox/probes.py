@@ -104,14 +104,17 @@ def same_format_decoy(value: str, rng: random.Random) -> str:
 def niah_choice(model, tokenizer, samples, num_choices: int = 4, seed: int = 0) -> list[float]:
     """Per sample, 1.0 when the needle's first answer out-scores ``num_choices - 1`` decoys
     after the prompt (chance ``1/num_choices``): whether the model reads the needle at all
-    even when it cannot copy it token for token. Decoys are random strings of the answer's
-    format (digits stay digits) or, for word answers, other samples' answers."""
+    even when it cannot copy it token for token. Decoys are first the values the context
+    states for other keys (multi-key: choosing the right one needs the key, not just "a
+    number from the text"), then random strings of the answer's format (digits stay
+    digits) or, for word answers, other samples' answers."""
     rng = random.Random(seed)
     pool = sorted({a for s in samples for a in s.answers})
     contexts, conts = [], []
     for s in samples:
         true = s.answers[0]
-        options = [true]
+        in_context = [d for d in getattr(s, "meta", {}).get("decoys", ()) if d not in s.answers]
+        options = [true, *in_context[: num_choices - 1]]
         for _ in range(20 * num_choices):  # words have no digits to vary: few or no decoys
             fake = same_format_decoy(true, rng)
             if len(options) == num_choices:
