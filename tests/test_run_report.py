@@ -42,7 +42,9 @@ def run_dir(tmp_path):
                                                    "wall_seconds": 12.5, "cpu_seconds": 20.1})
                                        + "\n")
     (run / "table.md").write_text("Note with `code`.\n\n" + TABLE)
-    (run / "refine" / "table.md").write_text(TABLE.replace("fednl", "c2c"))
+    (run / "refine" / "table.md").write_text(TABLE.replace("fednl", "c2c")
+                                             + "| " + " | ".join(["x" * 90] * 12)
+                                             + " |\n")   # a table wider than the page
     for name in ("a.png", "refine/b.png"):
         fig, ax = plt.subplots(figsize=(2, 2))
         ax.plot([0, 1], [1, 0])

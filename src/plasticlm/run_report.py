@@ -36,8 +36,11 @@ window.addEventListener('load', () => {
   const images = [...document.images];
   const ok = images.filter(i => i.complete && i.naturalWidth > 0).length;
   const el = document.getElementById('render-check');
+  // what sticks out of the page (inside a scrolling table box or code block is fine)
+  const width = document.documentElement.clientWidth + 1;
   const wide = [...document.body.querySelectorAll('*')].filter(
-    e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1).length;
+    e => e.getBoundingClientRect().right > width && !e.closest('.wide, pre')).length
+    + (document.documentElement.scrollWidth > width ? 1 : 0);
   el.dataset.tables = document.querySelectorAll('table').length;
   el.dataset.images = images.length;
   el.dataset.imagesRendered = ok;
