@@ -83,3 +83,47 @@ def test_quick_runs_write_to_their_own_folders():
 
         quick = load_config(TransferConfig, None, [], preset=preset_path("refine", f"{name}-quick"))
         assert quick.out != TransferConfig().out
+
+
+def test_commands_whose_settings_are_options_take_config_and_set(tmp_path, capsys):
+    """`--config FILE` / `--set KEY=VALUE` on the commands without a config class: a key is
+    an option's name, checked by the option's own type, as if typed."""
+    from plasticlm.cli import build_parser, main
+    from plasticlm.cli.options import option_tokens
+    from plasticlm.errors import PlasticError
+
+    parser = build_parser()
+    argv = ["models", "generate", "m", "--set", "max-new-tokens=5", "--set", "temperature=0.7"]
+    args = parser.parse_args(argv)
+    assert option_tokens(args, argv) == ["--max-new-tokens", "5", "--temperature", "0.7"]
+    again = parser.parse_args([*argv, *option_tokens(args, argv)])
+    assert again.max_new_tokens == 5 and again.temperature == 0.7
+    config = tmp_path / "ask.toml"
+    config.write_text('mode = "c2c"\nmax_new_tokens = 7\nprivate = true\n'
+                      'transmitter = ["a", "b"]\n')
+    argv = ["refine", "ask", "Q: x A:", "--receiver", "r", "--config", str(config)]
+    args = parser.parse_args(argv)
+    tokens = option_tokens(args, argv)
+    again = parser.parse_args([*argv, *tokens])
+    assert (again.mode, again.max_new_tokens, again.private, again.transmitter) == \
+        ("c2c", 7, True, ["a", "b"])
+    for argv, refusal in (
+            (["models", "generate", "m", "--set", "colour=red"], "no option 'colour'"),
+            (["models", "generate", "m", "--max-new-tokens", "3", "--set",
+              "max_new_tokens=4"], "given twice"),
+            (["refine", "ask", "p", "--receiver", "r", "--set", "private=3"], "a switch")):
+        args = parser.parse_args(argv)
+        try:
+            option_tokens(args, argv)
+        except PlasticError as e:
+            assert refusal in str(e)
+        else:
+            raise AssertionError(f"{argv} was not refused")
+    # a bad value is refused by the option's own type, as on the command line
+    try:
+        main(["models", "generate", "m", "--set", "max_new_tokens=many"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("a bad value was taken")
+    assert "max-new-tokens" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from importlib import metadata
 from pydantic import ValidationError
 
 from plasticlm import __version__
-from plasticlm.cli.options import THREADS
+from plasticlm.cli.options import THREADS, option_tokens
 from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
@@ -117,9 +117,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)   # --help and --version exit here, before torch loads
     setup_logging(args.log_level)
-    _quick_outputs(args, sys.argv[1:] if argv is None else argv)
+    try:
+        # --config/--set of a command whose settings are its options: the same parse again
+        extra = option_tokens(args, argv) if hasattr(args, "option_parser") else []
+    except PlasticError as e:
+        print(f"plasticlm: error: {e}", file=sys.stderr)
+        return 2
+    if extra:
+        argv = [*argv, *extra]
+        args = parser.parse_args(argv)
+    _quick_outputs(args, argv)
     # heavy: imported when the command runs, not when the parser is built
     from plasticlm.runtime import threads
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from plasticlm.cli.options import SIZE, THREADS, add_overwrite_option, non_empty
+from plasticlm.cli.options import SIZE, THREADS, add_option_config, add_overwrite_option, non_empty
 from plasticlm.outputs import prepare_output
 
 
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="with --shape: the base models' dtype (SCoL's stays float32)")
     add_overwrite_option(p, "out")
+    add_option_config(p)
     p.set_defaults(func=_bench)
 
 

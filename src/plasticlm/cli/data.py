@@ -7,7 +7,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from plasticlm.cli.options import SEED, SIZE, add_config_options, load_from_args, non_empty
+from plasticlm.cli.options import (
+    SEED,
+    SIZE,
+    add_config_options,
+    add_option_config,
+    load_from_args,
+    non_empty,
+)
 from plasticlm.outputs import prepare_output
 
 
@@ -40,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--tokenizer", default=None, type=non_empty, help="tokenizer folder or model folder")
     q.add_argument("--seed", type=SEED, default=0)
     q.add_argument("--out", required=True)
+    add_option_config(q)
     q.set_defaults(func=_niah)
 
     q = dsub.add_parser("inspect", help="load a data file with its loader and print counts",

@@ -6,7 +6,13 @@ import argparse
 import json
 import math
 
-from plasticlm.cli.options import SEED, SIZE, add_overwrite_option, add_runtime_options
+from plasticlm.cli.options import (
+    SEED,
+    SIZE,
+    add_option_config,
+    add_overwrite_option,
+    add_runtime_options,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("tokenizer_bin")
     q.add_argument("out_dir")
     add_overwrite_option(q, "out_dir")
+    add_option_config(q)
     q.set_defaults(func=_import_llama2c)
 
     q = msub.add_parser("info", help="load a model and print its shape",
@@ -39,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--max-new-tokens", type=SIZE, default=64)
     q.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
     add_runtime_options(q)
+    add_option_config(q)
     q.set_defaults(func=_generate)
 
     q = msub.add_parser("build-tiny", help="save a random-initialised tiny Llama/Qwen2/Qwen3",
@@ -53,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--num-kv-heads", type=SIZE, default=None)
     q.add_argument("--seed", type=SEED, default=0)
     add_overwrite_option(q, "out_dir")
+    add_option_config(q)
     q.set_defaults(func=_build_tiny)
 
 

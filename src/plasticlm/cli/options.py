@@ -117,3 +117,57 @@ def add_runtime_options(p: argparse.ArgumentParser, float32_only: str = "") -> N
     p.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                    help=f"dtype the models load in (default ${DTYPE_ENV}, else float32); "
                    "trained adapters (memory, LoRA, fusers) stay float32")
+
+
+# options that are not settings of the command's work
+_NOT_KEYS = ("help", "config", "overrides", "overwrite", "func", "option_parser")
+
+
+def add_option_config(p: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and ``--set KEY=VALUE`` for a command whose settings are its
+    options (no config class): a key is an option's name (``max_new_tokens`` or
+    ``max-new-tokens``), its value is checked by that option's own type and choices, as if
+    typed on the command line. A key given twice (as a flag and by --set or --config) is
+    refused."""
+    p.add_argument("--config", metavar="FILE", type=non_empty,
+                   help="TOML/YAML/JSON file of this command's options by name")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set one option by name, e.g. --set max_new_tokens=32 (repeatable)")
+    p.set_defaults(option_parser=p)
+
+
+def option_tokens(args: argparse.Namespace, argv: list[str]) -> list[str]:
+    """The command-line tokens that ``--config`` and ``--set`` stand for (``[]`` when
+    neither is given), to parse again after ``argv``."""
+    from plasticlm.config import overrides_tree, read_config_file
+    from plasticlm.errors import PlasticError
+
+    if not (getattr(args, "config", None) or getattr(args, "overrides", None)):
+        return []
+    parser = args.option_parser
+    actions = {a.dest: a for a in parser._actions if a.option_strings
+               and a.dest not in _NOT_KEYS}
+    values = read_config_file(args.config) if args.config else {}
+    values.update(overrides_tree(args.overrides))
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    tokens = []
+    for key, value in values.items():
+        action = actions.get(key.replace("-", "_"))
+        if action is None or isinstance(value, dict):
+            raise PlasticError(f"{parser.prog} has no option {key!r}; its keys: "
+                               f"{', '.join(sorted(actions))}")
+        flag = max(action.option_strings, key=len)
+        if given & set(action.option_strings):
+            raise PlasticError(f"{key} is given twice ({flag} and --set/--config): give it once")
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise PlasticError(f"{key} is a switch: true or false, not {value!r}")
+            tokens += [flag] if value else []
+        elif isinstance(value, list):
+            items = [str(v) for v in value]
+            tokens += [t for v in items for t in (flag, v)] \
+                if isinstance(action, argparse._AppendAction) else [flag, *items]
+        else:
+            tokens += [flag, "true" if value is True else "false" if value is False
+                       else str(value)]
+    return tokens

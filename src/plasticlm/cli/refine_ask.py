@@ -13,6 +13,7 @@ from collections.abc import Callable
 from plasticlm.cli.options import (
     HelpFormatter,
     add_config_options,
+    add_option_config,
     add_runtime_options,
     load_from_args,
     non_empty,
@@ -63,6 +64,7 @@ def add_ask(rsub: argparse._SubParsersAction) -> None:
                    "skipped")
     q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
     add_runtime_options(q)
+    add_option_config(q)
     q.set_defaults(func=_ask)
 
 
