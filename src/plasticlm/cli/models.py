@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=_import_llama2c)
 
     q = msub.add_parser("info", help="load a model and print its shape",
-                        description="Load a model (local folder or hub id) and print a summary.")
+                        description="Load a model (local folder, hub id, sandbox:NAME or "
+                        "shape:NAME) and print a summary.")
     q.add_argument("model")
     add_runtime_options(q)
     q.set_defaults(func=_info)
@@ -78,8 +79,9 @@ def _import_llama2c(args) -> int:
 
 def _info(args) -> int:
     from plasticlm.models import describe, load_causal_lm
+    from plasticlm.sandbox import resolve_model_spec
 
-    model, _ = load_causal_lm(args.model)
+    model, _ = load_causal_lm(resolve_model_spec(args.model))
     print(json.dumps(describe(model), indent=2))
     return 0
 
@@ -96,7 +98,9 @@ def _generate(args) -> int:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise PlasticError(f"--temperature must be a number >= 0 (0: greedy), not "
                            f"{args.temperature}")
-    model, tok = load_causal_lm(args.model)
+    from plasticlm.sandbox import resolve_model_spec
+
+    model, tok = load_causal_lm(resolve_model_spec(args.model))
     ids = tok(args.prompt).input_ids if args.prompt else []
     if not ids or ids[0] != tok.bos_token_id:
         ids = [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from plasticlm.cli.options import THREADS, add_config_options, load_from_args
@@ -24,6 +25,9 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
                    "<|endoftext|>")
     q.add_argument("--out", default=None, help="output folder (required with --text)")
     q.add_argument("--force", action="store_true", help="retrain even when the models exist")
+    q.add_argument("--ship", action="store_true", help="then write the family into the package "
+                   "(src/plasticlm/sandbox/family/PRESET) with its SHA-256 manifest: what a "
+                   "fresh clone installs instead of pre-training (maintainers)")
     q.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads")
     add_config_options(q, "plasticlm.sandbox.text:TextPretrainConfig")
     q.set_defaults(func=_pretrain)
@@ -34,12 +38,14 @@ def _pretrain(args) -> int:
     from plasticlm.runtime import set_threads
     from plasticlm.sandbox import (
         TextPretrainConfig,
-        ensure_sandbox_models,
+        get_preset,
         preset_dir,
         pretrain_preset,
         pretrain_text,
         probe_table,
     )
+    from plasticlm.sandbox.pretrain import family_current, member_key
+    from plasticlm.sandbox.shipped import read_manifest, write_shipped
 
     if args.threads:
         set_threads(args.threads)
@@ -54,14 +60,22 @@ def _pretrain(args) -> int:
                                                  "valid_loss", "unigram_loss")}))
         print(f"model and tokenizer in {args.out} (report: pretrain_report.json)")
         return 0
+    if args.ship and args.out:
+        raise PlasticError("--ship writes the family of the cache; leave out --out")
     if args.out:
         prepare_output(args.out, "model", hint="give another --out")
-    if args.out or args.force:
-        pretrain_preset(args.preset, args.out, reuse=not args.force)
-    else:
-        ensure_sandbox_models(args.preset)
     root = Path(args.out or preset_dir(args.preset))
+    # --ship of a family just trained here ships it as it is (its report keeps its times)
+    if not (args.ship and not args.force and family_current(args.preset, root)
+            and read_manifest(root) is None):
+        # pre-trains here: a shipped family installed in the cache is rebuilt, not reused
+        pretrain_preset(args.preset, args.out, reuse=not args.force)
     report = json.loads((root / "report.json").read_text())
+    if args.ship:
+        p = get_preset(args.preset)
+        dest = write_shipped(args.preset, root, {m.name: member_key(p, m) for m in p.models},
+                             "plasticlm " + " ".join(sys.argv[1:]), report)
+        print(f"shipped copy and manifest.json in {dest}")
     print(probe_table(report))
     print(f"sandbox v{report['sandbox_version']}: {report['total_seconds']:.0f} s wall, "
           f"{report['total_cpu_seconds']:.0f} s CPU on {report['torch_threads']} threads "

@@ -42,6 +42,13 @@ from plasticlm.sandbox.probes import (
     evaluate_world_mc,
     probe_table,
 )
+from plasticlm.sandbox.shipped import (
+    forget_shipped,
+    install_shipped,
+    read_manifest,
+    shipped_keys,
+    verify_installed,
+)
 from plasticlm.sandbox.tasks import write_world_tasks
 from plasticlm.sandbox.world import World, generate_world
 from plasticlm.sandbox.world_index import write_world
@@ -170,6 +177,10 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
     p = get_preset(preset)
     out = Path(out) if out else preset_dir(preset)
     out.mkdir(parents=True, exist_ok=True)
+    if read_manifest(out) is not None:
+        # the shipped family installed here: pre-training rebuilds it, keeping none of it
+        forget_shipped(out)
+        reuse = False
     t0, c0 = time.time(), _cpu_seconds()
     world = generate_world(p.world)
     world_dir = write_world(world, out / "world")
@@ -234,16 +245,36 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
 
 
 def ensure_sandbox_models(preset: str = "sandbox", progress: bool = True) -> dict[str, Path]:
-    """Paths of the preset's model folders, (re)training the preset when a model is missing
-    or was trained under another definition of the preset (an older world, spec or drill
-    setting): only those models train again."""
+    """Paths of the preset's model folders. When a model is missing or was trained under
+    another definition of the preset (an older world, spec or drill setting), the shipped
+    family is installed if it was built from this definition (its hashes checked), else the
+    preset is (re)trained: only those models train again. An installed shipped family is
+    checked against its manifest each time."""
     p = get_preset(preset)
     root = preset_dir(preset)
     paths = {m.name: root / m.name for m in p.models}
-    if any(_stale(p, spec, paths[spec.name]) for spec in p.models) or \
-            not (root / "report.json").exists():
-        pretrain_preset(preset, root, progress=progress)
+
+    def missing() -> bool:
+        return not family_current(preset, root)
+
+    if missing():
+        keys = {m.name: member_key(p, m) for m in p.models}
+        shipped = shipped_keys(preset)
+        if shipped is not None and shipped != keys:
+            log.warning("the shipped sandbox family %r was built from another definition of "
+                        "the preset; pre-training it here instead", preset)
+        if shipped != keys or not install_shipped(preset, root) or missing():
+            pretrain_preset(preset, root, progress=progress)
+    verify_installed(preset, root)
     return paths
+
+
+def family_current(preset: str, root: Path) -> bool:
+    """Whether ``root`` holds every model of ``preset`` trained under its definition, and the
+    report."""
+    p = get_preset(preset)
+    return (root / "report.json").exists() and \
+        not any(_stale(p, spec, root / spec.name) for spec in p.models)
 
 
 def _stale(p: Preset, spec: ModelSpec, folder: Path) -> bool:

@@ -1,0 +1,158 @@
+"""The sandbox family shipped with plasticlm: the files of a pre-trained preset folder, kept in
+the package beside a manifest of their SHA-256 hashes and of the command and versions that
+produced them.
+
+A fresh clone then has the family at once: :func:`install_shipped` checks every hash and
+copies the files into the cache (``preset_dir``), where the rest of plasticlm finds them as if
+pre-trained there; :func:`verify_installed` re-checks the installed copy each time the family
+is loaded. ``plasticlm models pretrain --preset sandbox --ship`` rebuilds the family and
+writes a new shipped copy (``write_shipped``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from plasticlm.errors import PlasticError
+from plasticlm.runs import write_text_atomic
+
+log = logging.getLogger("plasticlm.sandbox")
+
+SHIPPED_ROOT = Path(__file__).parent / "family"
+MANIFEST = "manifest.json"
+# what a preset folder holds besides the family itself: resumable checkpoints, half-written
+# files and plasticlm's folder markers are not part of what is shipped
+_SKIP_PARTS = ("checkpoint", ".partial", ".plasticlm", ".tmp")
+_VERSIONED = ("torch", "transformers", "tokenizers", "safetensors", "plasticlm")
+
+
+def shipped_dir(preset: str) -> Path:
+    return SHIPPED_ROOT / preset
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _family_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST
+                  and not any(s in part for part in p.relative_to(root).parts
+                              for s in _SKIP_PARTS))
+
+
+def read_manifest(folder: Path) -> dict | None:
+    path = folder / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def mismatches(folder: Path, manifest: dict) -> list[str]:
+    """The files of ``manifest`` that are missing from ``folder`` or differ from their hash."""
+    bad = []
+    for rel, want in manifest["files"].items():
+        path = folder / rel
+        if not path.is_file():
+            bad.append(f"{rel} (missing)")
+        elif path.stat().st_size != want["bytes"] or sha256(path) != want["sha256"]:
+            bad.append(f"{rel} (sha256 differs)")
+    return bad
+
+
+def _refusal(where: Path, bad: list[str], preset: str, fix: str) -> PlasticError:
+    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    return PlasticError(f"the sandbox family in {where} does not match its manifest: {shown}; "
+                        f"{fix}, or rebuild it with `plasticlm models pretrain --preset "
+                        f"{preset} --force` (about 20 min on 2 cores)")
+
+
+def shipped_keys(preset: str) -> dict[str, str] | None:
+    """Each shipped member's pre-training key (``member_key``), or None without a shipped copy."""
+    manifest = read_manifest(shipped_dir(preset))
+    return None if manifest is None else manifest["member_keys"]
+
+
+def install_shipped(preset: str, dest: Path) -> bool:
+    """Copy the shipped family of ``preset`` into ``dest`` after checking every file's hash;
+    False when there is none. A file that differs from the manifest is refused with what to
+    do, before anything is copied."""
+    src = shipped_dir(preset)
+    manifest = read_manifest(src)
+    if manifest is None:
+        return False
+    bad = mismatches(src, manifest)
+    if bad:
+        raise _refusal(src, bad, preset, "restore the repository's copy (`git checkout -- "
+                       "src/plasticlm/sandbox/family`)")
+    t0 = time.time()
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel in manifest["files"]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dest / rel)
+    write_text_atomic(dest / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    log.info("installed the shipped sandbox family %r (%d files, %.1f MB, checked against "
+             "its SHA-256 manifest) in %s in %.1f s", preset, len(manifest["files"]),
+             sum(f["bytes"] for f in manifest["files"].values()) / 1e6, dest, time.time() - t0)
+    return True
+
+
+def verify_installed(preset: str, folder: Path) -> None:
+    """Re-check an installed shipped family (a folder holding the manifest) before it is used."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return   # pre-trained on this machine: nothing to check against
+    bad = mismatches(folder, manifest)
+    if bad:
+        raise _refusal(folder, bad, preset, f"delete {folder} to install the shipped copy "
+                       "again")
+
+
+def forget_shipped(folder: Path) -> None:
+    """A re-trained family is no longer the shipped one: drop the installed manifest."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def write_shipped(preset: str, source: Path, member_keys: dict[str, str], command: str,
+                  report: dict) -> Path:
+    """Copy the pre-trained family in ``source`` into the package (``family/<preset>``) with
+    its manifest: each file's SHA-256 and size, each member's pre-training key, the command,
+    versions and machine that produced it."""
+    dest = shipped_dir(preset)
+    files = _family_files(source)
+    if not files:
+        raise PlasticError(f"{source} holds no pre-trained family to ship")
+    if dest.exists():
+        shutil.rmtree(dest)   # the package's own copy, written only by this function
+    manifest = {
+        "preset": preset, "sandbox_version": report.get("sandbox_version"),
+        "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "versions": {name: _version(name) for name in _VERSIONED},
+        "machine": report.get("machine"), "torch_threads": report.get("torch_threads"),
+        "pretrain_seconds": report.get("total_seconds"),
+        "pretrain_cpu_seconds": report.get("total_cpu_seconds"),
+        "member_keys": member_keys, "files": {}}
+    for path in files:
+        rel = path.relative_to(source).as_posix()
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest / rel)
+        manifest["files"][rel] = {"sha256": sha256(path), "bytes": path.stat().st_size}
+    write_text_atomic(dest / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return dest
