@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import tempfile
 import time
 from dataclasses import asdict
@@ -34,38 +33,6 @@ SETTINGS = {
     "MLP, lr 3e-3, 30 steps": {"modules": "mlp", "lr": 3e-3, "steps": 30},
 }
 FORMS = ("verbatim", "paraphrase", "question")
-
-
-def _prefix(template: str, entity: str) -> str | None:
-    """The statement up to its value, or None where the value comes before the entity."""
-    if template.index("{v}") < template.index("{e}"):
-        return None
-    return template.split("{v}")[0].format(e=entity).rstrip()
-
-
-def probe_items(world, n: int, seed: int = 0) -> list[dict]:
-    """Per closed attribute of ``n`` unseen passages: the three prompts, the legal values and
-    the answer (forms a template cannot make are None)."""
-    from plasticlm.eval.prompts import qa_prompt
-    from plasticlm.sandbox.passages import render
-
-    passages = list(world.passages)
-    random.Random(seed).shuffle(passages)
-    by_name = {e.name: e for e in world.entities}
-    items = []
-    for p in passages[:n]:
-        e = by_name[p.title]
-        d = world.domain(e.domain)
-        for a in d.closed_attributes:
-            value = e.attributes[a.name]
-            used = [s for s in a.statements if render(s, e, value) in p.context]
-            others = [s for s in a.statements if s not in used and _prefix(s, e.name)]
-            items.append({"passage": p.context, "entity": e.name, "values": list(a.values),
-                          "answer": value,
-                          "verbatim": _prefix(used[0], e.name) if used else None,
-                          "paraphrase": _prefix(others[0], e.name) if others else None,
-                          "question": qa_prompt(a.question.format(e=e.name))})
-    return items
 
 
 def score(model, tok, items: list[dict]) -> dict[str, list[float]]:
@@ -128,6 +95,7 @@ def main() -> None:
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
     from plasticlm.scol.consolidate import MODULES, LoraTrainConfig, adapt_lora, context_windows
+    from plasticlm.scol.one_update import probe_items
 
     torch.set_num_threads(args.threads)
     t0 = time.time()
