@@ -169,8 +169,10 @@ def _weights_folder(f: Path) -> bool:
 
 
 def _tables(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.glob("*.md")
-                  if p.name not in REPORT_NAMES and p.name != "README.md")
+    """The run's tables in a folder, in the order they were written (the run's order)."""
+    return sorted((p for p in folder.glob("*.md")
+                   if p.name not in REPORT_NAMES and p.name != "README.md"),
+                  key=lambda p: (p.stat().st_mtime, p.name))
 
 
 def _started(folder: Path) -> float:
