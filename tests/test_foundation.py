@@ -209,6 +209,7 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     for part in ("<h3>Sandbox</h3>", "<h3>Memory</h3>", "<h3>Fednl</h3>", "refine", "<h3>Scol</h3>",
                  "cpu seconds"):
         assert part in html, part
+    assert html.count("data:image/png;base64,") == 3   # one figure per method
     # the stages' tables in the order they ran, not alphabetical
     order = [html.index(f"<h3>{t}</h3>") for t in ("Sandbox", "Memory", "Fednl", "Scol")]
     assert order == sorted(order)

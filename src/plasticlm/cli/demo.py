@@ -94,6 +94,7 @@ def _memory(run, preset: str, tokens: int) -> None:
 
 def _federated(run, preset: str, quick: bool) -> None:
     from plasticlm.fednl.beyond_window import BASELINE, beyond_window_table, run_beyond_window
+    from plasticlm.plotting import interval_bars
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
 
@@ -115,6 +116,10 @@ def _federated(run, preset: str, quick: bool) -> None:
     print("the federated run on Flower (clients, rounds, FedAvg/FedProx beside FedNL): "
           "plasticlm fednl experiment niah")
     (run.path / "fednl.md").write_text(table + "\n")
+    interval_bars(run.path / "fednl.png", "FedNL: needles beyond a 16-token window (theta "
+                  "trained centrally)", [(v, 100 * r["accuracy"], 100 * r["low"], 100 * r["high"])
+                                         for v, r in report["table"].items()],
+                  "4-way accuracy, % [95% CI]", chance=25)
     (run.path / "fednl").mkdir(parents=True, exist_ok=True)
     (run.path / "fednl" / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     rows = report["table"]
@@ -127,6 +132,7 @@ def _federated(run, preset: str, quick: bool) -> None:
 
 def _refine(run, preset: str, quick: bool) -> None:
     from plasticlm.config import load_config, preset_path
+    from plasticlm.plotting import interval_bars
     from plasticlm.refine.ladder import TransferConfig
     from plasticlm.refine.report import transfer_table
     from plasticlm.refine.transfer import run_transfer
@@ -147,10 +153,15 @@ def _refine(run, preset: str, quick: bool) -> None:
           "ladder`; on the sandbox the specialist (another architecture) transfers nothing "
           "beyond its control, a fuser with the receiver's architecture and a teacher does "
           "(docs/results/refine.md)")
+    interval_bars(run.path / "refine.png", "FedRefine: held-out entities, one seed",
+                  [(name, 100 * r["accuracy"]["mean"], 100 * r["accuracy"]["low"],
+                    100 * r["accuracy"]["high"]) for name, r in report["results"].items()],
+                  "4-way accuracy, % [95% CI]", chance=25)
     run.log(stage="refine", rows=sorted(report["results"]))
 
 
 def _scol(run, preset: str, quick: bool) -> None:
+    from plasticlm.plotting import interval_bars
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
     from plasticlm.scol.one_update import (
@@ -174,6 +185,11 @@ def _scol(run, preset: str, quick: bool) -> None:
           "and a fixed last layer, is `plasticlm scol experiment squad`: on the sandbox no "
           "policy beats the fixed last layer (docs/results/scol.md)")
     (run.path / "scol.md").write_text(table + "\n")
+    rows = [(report["table"][k]["name"], *(100 * report["table"][k]["accuracy"][x]
+                                           for x in ("mean", "low", "high")))
+            for k in ("a", "b", "c", "a2", "c_leak", "a2_leak")]
+    interval_bars(run.path / "scol.png", "SCoL: one update of the last layer's MLP", rows,
+                  "closed-set accuracy, % [95% CI]", chance=100 * report["chance"])
     (run.path / "scol").mkdir(parents=True, exist_ok=True)
     (run.path / "scol" / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     diffs = {k: [round(report["table"][k]["pooled"][x], 4) for x in ("mean", "low", "high")]
