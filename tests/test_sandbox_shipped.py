@@ -9,9 +9,14 @@ import pytest
 
 from plasticlm.cli import main
 from plasticlm.errors import PlasticError
-from plasticlm.sandbox import ensure_sandbox_models, get_preset, preset_dir, pretrain_preset
+from plasticlm.sandbox import (
+    ensure_sandbox_models,
+    get_preset,
+    preset_dir,
+    pretrain_preset,
+    shipped,
+)
 from plasticlm.sandbox import pretrain as pretrain_module
-from plasticlm.sandbox import shipped
 from plasticlm.sandbox.pretrain import member_key
 
 
