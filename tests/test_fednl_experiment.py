@@ -250,6 +250,7 @@ def quick_experiment(tmp_path_factory):
     return make
 
 
+@pytest.mark.slow   # 55 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_experiment,
                                                                       monkeypatch):
     """FedNL, the windowed FedAvg reference and the untrained model on Flower (the decay and

@@ -69,6 +69,7 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
     assert len(meta_parameters(model)) > 0
 
 
+@pytest.mark.slow   # 30 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_a_killed_run_resumes_to_the_same_final_metrics(reference_run, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "plasticlm.cli", "fednl", "run", *QUICK,

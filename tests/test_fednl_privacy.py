@@ -102,6 +102,7 @@ def test_secagg_gives_the_plain_mean_within_quantisation_error(runs):
     assert grid.messages > runs["plain"][1].messages   # the protocol's own stages travel
 
 
+@pytest.mark.slow   # 22 s on 2 cores, moved to fit make test in 10 min (CI runs it after)
 def test_secagg_with_client_dp_on_flowers_simulation_runtime(tmp_path):
     """The settings reach the ServerApp and the ClientApp's mods as Flower's run config."""
     from plasticlm.fednl.run import run_federated

@@ -109,7 +109,7 @@ def test_report_writes_its_own_folder_beside_the_users_index(tmp_path, capsys):
     assert status == 0, lines
     assert (run / "index.md").read_text() == "my own notes\n"
     assert (run / "index.html").read_text() == "<p>my page</p>"
-    assert "table.md" in (run / "report" / "index.html").read_text()
+    assert "<h3>Table</h3>" in (run / "report" / "index.html").read_text()   # the run's table
     assert read_marker(run / "report")["kind"] == "report"
     # again: the report's own folder is replaced, the run is not reported twice
     assert _run(["report", str(run)], capsys)[0] == 0

@@ -37,6 +37,7 @@ def tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow   # 36 s on 2 cores: `make test-slow` (CI runs it after `make test`)
 def test_kill_9_of_the_cli_in_round_2_leaves_no_process_and_no_later_round(tmp_path):
     tag = uuid.uuid4().hex
     run_dir = tmp_path / "owned"
