@@ -292,6 +292,7 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
     assert trained_model(fcfg, True, progress=False)[2] is not None
 
 
+@pytest.mark.slow   # 52 s on 2 cores with the shared quick experiment: `make test-slow`
 def test_stream_memory_and_comm_experiments(quick_experiment):
     from plasticlm.fednl.experiment import run_experiment
 
