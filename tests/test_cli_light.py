@@ -60,16 +60,13 @@ def test_version_and_help_answer_without_heavy_imports():
 def test_quick_runs_write_to_their_own_folders():
     """--quick never writes into the full run's folder: argparse defaults gain -quick, the
     packaged quick presets name their own folders."""
-    from plasticlm.cli import _quick_outputs, build_parser
+    from plasticlm.cli import parse
 
-    parser = build_parser()
     for argv, want in ((["demo", "--quick"], "runs/demo-quick"), (["demo"], "runs/demo"),
                        (["demo", "--quick", "--out", "runs/demo"], "runs/demo"),
                        (["demo", "--quick", "--out=mine"], "mine"),
                        (["scol", "train", "--quick"], "runs/scol-train-quick")):
-        args = parser.parse_args(argv)
-        _quick_outputs(args, argv)
-        assert args.out == want, argv
+        assert parse(argv).out == want, argv
     from plasticlm.config import load_config, preset_path
     from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.variants import ExperimentConfig

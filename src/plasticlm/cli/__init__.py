@@ -115,21 +115,27 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr = stderr
 
 
-def _run(argv: list[str] | None) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command's arguments as it runs them: parsed (``--help`` and ``--version`` exit
+    here, before torch loads), ``--config``/``--set`` of a command whose settings are its
+    options parsed again with the rest, and ``--quick`` outputs moved beside the full run's."""
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)   # --help and --version exit here, before torch loads
-    setup_logging(args.log_level)
-    try:
-        # --config/--set of a command whose settings are its options: the same parse again
-        extra = option_tokens(args, argv) if hasattr(args, "option_parser") else []
-    except PlasticError as e:
-        print(f"plasticlm: error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)
+    extra = option_tokens(args, argv) if hasattr(args, "option_parser") else []
     if extra:
         argv = [*argv, *extra]
         args = parser.parse_args(argv)
     _quick_outputs(args, argv)
+    return args
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else list(argv))
+    except PlasticError as e:
+        print(f"plasticlm: error: {e}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level)
     # heavy: imported when the command runs, not when the parser is built
     from plasticlm.runtime import threads
 
