@@ -34,6 +34,7 @@ BASE = {
     "fednl run": ["--quick", "--set", f"outputs.out={OUT}"],
     "fednl compare": ["--quick", "--set", f"outputs.out={OUT}"],
     "fednl experiment": ["niah", "--quick", "--set", f"out={OUT}"],
+    "fednl submit": ["fuzz"],     # a connection to a closed port (flower_home below)
     "refine train-fuser": ["--receiver", MODEL, "--transmitter", MODEL, "--out", OUT],
     "refine pretrain-fuser": ["--receiver", MODEL, "--transmitter", MODEL, "--registry", OUT],
     "refine ask": ["hi", "--receiver", MODEL], "refine serve": ["--model", MODEL],
@@ -47,7 +48,7 @@ BASE = {
 INPUT_PATHS = {"config", "text", "model", "receiver", "transmitter", "fuser", "reverse_fuser",
                "policy", "mmlu", "corpus", "haystack", "tokenizer", "tls_cert", "tls_key", "ca",
                "model_bin", "tokenizer_bin", "adapter_dir", "path", "run_dir", "folder",
-               "registry", "sweep"}
+               "registry", "sweep", "app"}
 OUTPUT_PATHS = {"out", "out_dir", "tensorboard"}
 INTS = ["abc", "1.5", "", "nan", "1e309", "0", "-1", str(10**30)]
 FLOATS = ["abc", "", "nan", "inf", "-inf", "1e309", "-1"]
@@ -137,6 +138,19 @@ def no_service():
     (the alarm cannot always interrupt a running event loop)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("plasticlm.refine.serving.serve", _never_serve)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def flower_home(tmp_path_factory):
+    """Flower's CLI (`fednl submit`) reads its connections from FLWR_HOME, never the user's
+    ~/.flwr: one named "fuzz" to a closed loopback port (Flower's default "local" would start
+    a SuperLink)."""
+    home = tmp_path_factory.mktemp("flwr_home")
+    (home / "config.toml").write_text('[superlink]\ndefault = "fuzz"\n\n[superlink.fuzz]\n'
+                                      'address = "127.0.0.1:9"\ninsecure = true\n')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLWR_HOME", str(home))
         yield
 
 

@@ -7,7 +7,12 @@ import json
 import logging
 from pathlib import Path
 
-from plasticlm.cli.options import add_config_options, add_runtime_options, load_from_args
+from plasticlm.cli.options import (
+    add_config_options,
+    add_runtime_options,
+    load_from_args,
+    non_empty,
+)
 from plasticlm.run_report import write_report
 
 log = logging.getLogger("plasticlm.fednl")
@@ -50,6 +55,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--table-only", action="store_true",
                    help="print the table of the seeds finished so far; run nothing")
     q.set_defaults(func=_experiment)
+
+    q = fsub.add_parser("submit", help="flwr run --stream of the Flower app; exits 1 when the "
+                        "run fails",
+                        description="`flwr run APP SUPERLINK --stream` that exits as the run "
+                        "ended: 0 when Flower reports it finished:completed, 1 (with one line "
+                        "naming the status) when it failed or was stopped, 2 when Flower "
+                        "refused to start it. flwr 1.42's own `flwr run --stream` exits 0 in "
+                        "every case; the status is the one `flwr ls --run-id N` reports.")
+    q.add_argument("superlink", type=non_empty, help="the SuperLink connection's name in "
+                   "$FLWR_HOME/config.toml, as `flwr run` takes it")
+    q.add_argument("--app", type=non_empty, default=None, metavar="DIR",
+                   help="the Flower app folder (default: plasticlm's FedNL app)")
+    q.add_argument("--run-config", action="append", default=[], metavar="CONFIG",
+                   type=non_empty,
+                   help="as `flwr run`'s: a TOML file or 'key=value ...' (repeatable)")
+    q.add_argument("--federation-config", action="append", default=[], metavar="CONFIG",
+                   type=non_empty,
+                   help="as `flwr run`'s, e.g. 'num-supernodes=5' (repeatable)")
+    q.set_defaults(func=_submit)
 
 
 def _config_args(q: argparse.ArgumentParser) -> None:
@@ -123,3 +147,25 @@ def _experiment(args) -> int:
         print(f"results: {cfg.out}/{name}/; report: {write_report(Path(cfg.out) / name)[0]}",
               flush=True)
     return 0
+
+
+def _submit(args) -> int:
+    import signal
+    import sys
+
+    from plasticlm.errors import Stopped
+    from plasticlm.fednl.processes import APP_DIR
+    from plasticlm.fednl.submit import submit
+
+    try:
+        outcome = submit(args.superlink, args.app or APP_DIR, args.run_config,
+                         args.federation_config)
+    except KeyboardInterrupt:
+        raise Stopped("interrupted; the run goes on on the SuperLink (`flwr ls`, `flwr stop "
+                      f"RUN_ID {args.superlink}`)", signal.SIGINT) from None
+    if outcome.completed:
+        return 0
+    details = f" ({outcome.details})" if outcome.details else ""
+    print(f"plasticlm: error: run {outcome.run_id} ended {outcome.status}{details}; its log: "
+          f"flwr log {outcome.run_id} {args.superlink} --show", file=sys.stderr)
+    return 1
