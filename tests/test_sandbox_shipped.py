@@ -3,6 +3,7 @@ checked first), refused with what to do when a file differs, rebuilt by `models 
 and the repository's own copy current with the preset definitions."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -79,6 +80,33 @@ def test_an_installed_copy_that_changed_is_refused_with_what_to_do(shipped_quick
     monkeypatch.setattr(pretrain_module, "pretrain_preset", no_training)
     ensure_sandbox_models("quick", progress=False)
     (preset_dir("quick") / "receiver" / "config.json").write_text("{}")
+    with pytest.raises(PlasticError, match="does not match its manifest.*delete"):
+        ensure_sandbox_models("quick", progress=False)
+
+
+def test_an_unchanged_installed_copy_is_hashed_once_per_process_and_a_rewrite_again(
+        shipped_quick, monkeypatch):
+    """The second load of the family in a process hashes nothing; a file rewritten with its
+    size kept (a new mtime) is hashed again and refused."""
+    monkeypatch.setattr(pretrain_module, "pretrain_preset", no_training)
+    ensure_sandbox_models("quick", progress=False)            # installed and checked
+    root = preset_dir("quick")
+    hashed = []
+    sha256 = shipped.sha256
+    monkeypatch.setattr(shipped, "sha256", lambda path: hashed.append(path) or sha256(path))
+    monkeypatch.setattr(shipped, "_VERIFIED", set())          # a new process
+    ensure_sandbox_models("quick", progress=False)
+    files = shipped.read_manifest(root)["files"]
+    assert len(hashed) == len(files)                          # the first load checks all
+    ensure_sandbox_models("quick", progress=False)
+    assert len(hashed) == len(files)                          # the second hashes nothing
+    weights = next(root.rglob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    before = weights.stat()
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert weights.stat().st_size == before.st_size
     with pytest.raises(PlasticError, match="does not match its manifest.*delete"):
         ensure_sandbox_models("quick", progress=False)
 

@@ -4,8 +4,8 @@ produced them.
 
 A fresh clone then has the family at once: :func:`install_shipped` checks every hash and
 copies the files into the cache (``preset_dir``), where the rest of plasticlm finds them as if
-pre-trained there; :func:`verify_installed` re-checks the installed copy each time the family
-is loaded. ``plasticlm models pretrain --preset sandbox --ship`` rebuilds the family and
+pre-trained there; :func:`verify_installed` re-checks the installed copy when the family is
+loaded (once per process while its files keep their size and mtime). ``plasticlm models pretrain --preset sandbox --ship`` rebuilds the family and
 writes a new shipped copy (``write_shipped``).
 """
 
@@ -106,15 +106,38 @@ def install_shipped(preset: str, dest: Path) -> bool:
     return True
 
 
+# the installed families this process has checked, each as _checked_state gave it
+_VERIFIED: set[tuple] = set()
+
+
+def _checked_state(folder: Path, manifest: dict) -> tuple | None:
+    """What a check of ``folder`` against ``manifest`` holds for: the resolved folder, the
+    manifest's files and each file's size and mtime_ns; None when a file is missing."""
+    try:
+        stats = tuple((rel, (folder / rel).stat()) for rel in sorted(manifest["files"]))
+    except OSError:
+        return None
+    return (str(folder.resolve()), json.dumps(manifest["files"], sort_keys=True),
+            tuple((rel, st.st_size, st.st_mtime_ns) for rel, st in stats))
+
+
 def verify_installed(preset: str, folder: Path) -> None:
-    """Re-check an installed shipped family (a folder holding the manifest) before it is used."""
+    """Re-check an installed shipped family (a folder holding the manifest) before it is used.
+
+    Once per process while its files are unchanged: a later call with every file's size and
+    mtime as at the last passing check hashes nothing; a rewritten file is hashed again."""
     manifest = read_manifest(folder)
     if manifest is None:
         return   # pre-trained on this machine: nothing to check against
+    state = _checked_state(folder, manifest)
+    if state is not None and state in _VERIFIED:
+        return
     bad = mismatches(folder, manifest)
     if bad:
         raise _refusal(folder, bad, preset, f"delete {folder} to install the shipped copy "
                        "again")
+    if state is not None and _checked_state(folder, manifest) == state:  # unchanged meanwhile
+        _VERIFIED.add(state)
 
 
 def forget_shipped(folder: Path) -> None:
