@@ -49,3 +49,28 @@ def one_thread():
     """One torch intra-op thread for a test module, restored after it."""
     with threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_squad_world(tmp_path_factory):
+    """``make(passages, name, extra_texts=(), **model_sizes) -> (folder, model, tok)``: a
+    300-token BPE tokenizer fit to the passages (texts, QA lines, ``extra_texts``) and an
+    untrained tiny Qwen3 (3 layers x 32 unless sizes say otherwise), saved in
+    ``folder/model`` beside the passages as ``folder/squad.json``."""
+    def make(passages, name, extra_texts=(), **sizes):
+        from plasticlm.data.squad import write_squad
+        from plasticlm.eval import qa_line
+        from plasticlm.models import build_tiny, train_bpe_tokenizer
+
+        texts = [p.context for p in passages] * 3 + list(extra_texts) + [
+            qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
+        tok = train_bpe_tokenizer(texts, vocab_size=300)
+        model = build_tiny("qwen3", seed=0, vocab_size=len(tok), **{
+            "hidden_size": 32, "num_layers": 3, "num_heads": 2, "num_kv_heads": 1,
+            "head_dim": 16, "intermediate_size": 64, **sizes}).eval()
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder / "model")
+        tok.save_pretrained(folder / "model")
+        write_squad(folder / "squad.json", passages)
+        return folder, model, tok
+    return make

@@ -8,9 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plasticlm.data.records import QA, Answer, Passage
-from plasticlm.data.squad import write_squad
-from plasticlm.eval import qa_line
-from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, context_windows
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import SCoLConfig
@@ -56,18 +53,10 @@ def _place(i, name, river):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory, one_thread):
+def world(tiny_squad_world, one_thread):
     passages = [_drug(i, *d) for i, d in enumerate(DRUGS)] + \
         [_place(i, *p) for i, p in enumerate(PLACES)]
-    texts = [p.context for p in passages] * 3 + [
-        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
-    tok = train_bpe_tokenizer(texts, vocab_size=300)
-    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=3,
-                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64).eval()
-    folder = tmp_path_factory.mktemp("scol_oracle")
-    model.save_pretrained(folder / "model")
-    tok.save_pretrained(folder / "model")
-    write_squad(folder / "squad.json", passages)
+    folder, model, tok = tiny_squad_world(passages, "scol_oracle")
     return folder, model, tok, passages
 
 

@@ -13,10 +13,7 @@ from hypothesis import strategies as st
 
 from plasticlm.config import from_dict, override
 from plasticlm.data.records import QA, Answer, Passage
-from plasticlm.data.squad import write_squad
 from plasticlm.errors import PlasticError
-from plasticlm.eval import qa_line
-from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -46,18 +43,10 @@ def _passage(name, cond, maker):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, one_thread):
+def tiny(tiny_squad_world, one_thread):
     passages = [_passage(*f) for f in FACTS]
-    texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
-        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
-    tok = train_bpe_tokenizer(texts, vocab_size=300)
-    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
-                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
-                       max_position_embeddings=512).eval()
-    folder = tmp_path_factory.mktemp("scol_tiny")
-    model.save_pretrained(folder / "model")
-    tok.save_pretrained(folder / "model")
-    write_squad(folder / "squad.json", passages)
+    folder, model, tok = tiny_squad_world(passages, "scol_tiny", ["layers: 0, 1, 2, 3"] * 3,
+                                          num_layers=4, max_position_embeddings=512)
     return model, tok, passages, folder
 
 

@@ -46,16 +46,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=_run)
 
     q = vs.add_parser("experiment",
-                      help="squad | longbench | fisher | sweep | gate | oracle, with reports",
+                      help="squad | longbench | fisher | sweep | gate | oracle | policy, with reports",
                       description="Run an experiment; report.json/report.md and PNG plots go "
                       "into OUT. 'sweep' calibrates the inner update (LoRA modules, steps, "
                       "lr, rank, replay) on the evaluation stream; 'gate' asks whether the best "
                       "per-context layer choice beats the best fixed one (the oracle gate); "
                       "'oracle' searches every layer set at each context of a stream whose facts collide and gives "
                       "the margin of a perfect choice over the fixed last layer, the untrained "
-                      "policy and random layers.")
+                      "policy and random layers; 'policy' trains the policy by IPO on the pairs "
+                      "of exhaustive candidates and compares its choices on held-out contexts "
+                      "with the untrained policy, the last layer and the best fixed layer.")
     q.add_argument("which",
-                   choices=("squad", "longbench", "fisher", "sweep", "gate", "oracle"))
+                   choices=("squad", "longbench", "fisher", "sweep", "gate", "oracle", "policy"))
     _common(q)
     q.add_argument("--policy", type=non_empty,
                    help="fisher: policy checkpoint (default: the base model)")
@@ -173,6 +175,11 @@ def _experiment(args) -> int:
 
         run_oracle(cfg, out, progress=progress)
         shown = (Path(out) / "oracle.md").read_text()
+    elif args.which == "policy":
+        from plasticlm.scol.choice_learning import run_policy
+
+        run_policy(cfg, out, progress=progress)
+        shown = (Path(out) / "policy.md").read_text()
     elif args.which == "fisher":
         report = run_fisher(cfg, out, args.policy, progress=progress)
         shown = json.dumps({k: report[k] for k in ("recall_selected", "recall_random",

@@ -33,6 +33,31 @@ def completion_logprob(model, prompt_ids: list[int], completion_ids: list[int],
     return (chosen * free).sum()
 
 
+def candidate_logprobs(model, prompt_ids: list[int], completions: list[list[int]],
+                       grammar: LayerGrammar) -> torch.Tensor:
+    """Log-probs [C] (differentiable) of C completions after one prompt, as
+    :func:`completion_logprob` gives each, in one batch [C, T]: rows are padded on the right
+    with the end token, which a causal model never attends to from the scored positions."""
+    if not completions:
+        raise PlasticError("no completions to score")
+    device = next(model.parameters()).device
+    longest = max(map(len, completions))
+    rows = [prompt_ids + c + [grammar.end_id] * (longest - len(c)) for c in completions]
+    ids = torch.tensor(rows, device=device)
+    out = model(input_ids=ids, logits_to_keep=longest + 1).logits[:, :-1].float()  # [C, L, V]
+    grammar.check_width(out)
+    logps = []
+    for r, c in enumerate(completions):
+        masks = torch.stack(grammar.masks_for(c)).to(device)                       # [n, V]
+        if masks.shape[0] != len(c):
+            raise PlasticError("a completion leaves the action grammar before its last token")
+        logits = out[r, : len(c)]
+        logp = logits.masked_fill(~masks, float("-inf")).log_softmax(-1)
+        chosen = logp.gather(-1, torch.tensor(c, device=device)[:, None]).squeeze(-1)
+        logps.append((chosen * (masks.sum(-1) > 1)).sum())
+    return torch.stack(logps)
+
+
 def constrained_entropy(model, prompt_ids: list[int], completion_ids: list[int],
                         grammar: LayerGrammar) -> torch.Tensor:
     """Mean entropy of the policy restricted to the grammar's allowed tokens at each step

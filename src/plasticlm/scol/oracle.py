@@ -89,23 +89,29 @@ def layer_sets(num_layers: int, most: int) -> list[tuple[int, ...]]:
     return [s for k in range(1, most + 1) for s in itertools.combinations(range(num_layers), k)]
 
 
-def _score(model, tok, stream, t, cfg, adapted_models) -> list[dict]:
-    """Both rewards of every adapted candidate at context ``t``."""
+def _score(model, tok, stream, t, cfg, adapted_models,
+           rewards: tuple[str, ...] = ("loglik", "supervised")) -> list[dict]:
+    """The ``rewards`` of every adapted candidate at context ``t``."""
     probes = {name: reward_probe(model, tok, stream, t, replace(cfg.scol, reward=name))
-              for name in ("loglik", "supervised")}
+              for name in rewards}
     return [{name: asdict(probe(m)) for name, probe in probes.items()} for m in adapted_models]
 
 
 def run_stream(base, tok, stream: list[Context], cfg: ExperimentConfig, seed: int, replay,
-               progress: bool = True) -> list[dict]:
-    """The oracle's walk over one stream; one record per context."""
+               progress: bool = True, names: tuple[str, ...] = ("A", "B"),
+               desc: str = "oracle", rewards: tuple[str, ...] = ("loglik", "supervised")
+               ) -> list[dict]:
+    """The oracle's walk over one stream; one record per context. Every candidate is adapted
+    once per LoRA seed in ``names`` (A, then B) and scored by ``rewards`` (loglik first);
+    the first seed's best by loglik is committed."""
     model = base
     n = num_layers_of(base)
     sets = layer_sets(n, cfg.oracle_layers)
     grammar = LayerGrammar.for_model(base, tok, n, cfg.scol.max_layers)
     gen = torch.Generator().manual_seed(seed)
     records = []
-    for t in tqdm(range(len(stream)), desc=f"oracle, seed {seed}", disable=not progress,
+    seeds = {"A": 0, "B": 50_000}
+    for t in tqdm(range(len(stream)), desc=f"{desc}, seed {seed}", disable=not progress,
                   leave=False):
         t0 = time.time()
         ctx = stream[t]
@@ -114,14 +120,15 @@ def run_stream(base, tok, stream: list[Context], cfg: ExperimentConfig, seed: in
         candidates = sets + ([policy] if policy not in sets else [])
         own = context_windows(tok, ctx.text, cfg.scol.lora.max_tokens)
         scored = {}
-        for name, lora_seed in (("A", seed * 100_003 + t), ("B", seed * 100_003 + t + 50_000)):
+        for name in names:
+            lora_seed = seed * 100_003 + t + seeds[name]
             windows = with_replay(own, replay, cfg.scol.lora.replay, pad_of(tok), lora_seed)
             adapted, _ = adapt_lora_together(model, candidates, windows, cfg.scol.lora,
                                              [lora_seed + i for i in range(len(candidates))])
-            scored[name] = _score(model, tok, stream, t, cfg, adapted)
-            if name == "A":
+            scored[name] = _score(model, tok, stream, t, cfg, adapted, rewards)
+            if name == names[0]:
                 pick = max(range(len(candidates)),
-                           key=lambda i: scored["A"][i]["loglik"]["total"])
+                           key=lambda i: scored[name][i]["loglik"]["total"])
                 committed = adapted[pick]
             del adapted
         model = committed
@@ -216,6 +223,12 @@ def summarise(per_seed: list[list[dict]]) -> dict:
     return summary
 
 
+def margin_rows(margins: dict) -> list[str]:
+    """One table row per margin: its name, pooled and over-seed intervals (x100), verdict."""
+    return [f"| {key} | {format_paired(CI(**m['pooled']), CI(**m['over_seeds']))} | "
+            f"{m['verdict']} |" for key, m in margins.items()]
+
+
 def oracle_markdown(report: dict) -> str:
     """The margins table and what it means for the claim."""
     s = report["summary"]
@@ -226,9 +239,7 @@ def oracle_markdown(report: dict) -> str:
              f"seed B; fixed = the best fixed set in hindsight, {s['best_fixed']}). Rewards: loglik in nats/token of the gold answers (x100 below), "
              "supervised = 0/1-F1 QA accuracy (pp).", "",
              "| comparison | difference [95% CI] (seeds [lo, hi]) | verdict |", "|---|---|---|"]
-    for key, m in s["margins"].items():
-        lines.append(f"| {key} | {format_paired(CI(**m['pooled']), CI(**m['over_seeds']))} | "
-                     f"{m['verdict']} |")
+    lines += margin_rows(s["margins"])
     lines += ["", "Means (seed B): " + "; ".join(
         f"{k}: " + ", ".join(f"{w} {100 * v:.2f}" for w, v in ms.items())
         for k, ms in s["means"].items()), "",

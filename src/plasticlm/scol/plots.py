@@ -1,5 +1,5 @@
 """SCoL's figures: the accuracy matrices, the summary bars beside the paper, the layer
-histogram and the Fisher plot."""
+histogram, the Fisher plot and the policy's learning curve."""
 
 from __future__ import annotations
 
@@ -75,4 +75,26 @@ def plot_fisher(report: dict, out: Path) -> None:
     axes[1].set_xlabel("layer")
     fig.tight_layout()
     fig.savefig(out / "fisher.png", dpi=100)
+    plt.close(fig)
+
+
+def plot_policy_curve(report: dict, out: Path) -> None:
+    """``policy_curve.png``: held-out and training pair accuracy (mean over seeds, 95%
+    band) against IPO steps, beside chance (50%)."""
+    curve = report["summary"]["curve"]
+    steps = [p["step"] for p in curve]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for key, label in (("held_out_pair_accuracy", "held-out pairs"),
+                       ("train_pair_accuracy", "training pairs")):
+        mean = [100 * p[key]["mean"] for p in curve]
+        ax.plot(steps, mean, marker="o", label=label)
+        ax.fill_between(steps, [100 * p[key]["low"] for p in curve],
+                        [100 * p[key]["high"] for p in curve], alpha=0.2)
+    ax.axhline(50, color="grey", linestyle=":", label="chance")
+    ax.set_xlabel("IPO step")
+    ax.set_ylabel("pair accuracy (%)")
+    ax.set_title(f"SCoL policy, {report['seeds']} seeds", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "policy_curve.png", dpi=100)
     plt.close(fig)

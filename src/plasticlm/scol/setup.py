@@ -78,6 +78,12 @@ class ExperimentConfig:
     oracle_layers: int = Field(1, ge=1, description="oracle: the most layers of the sets "
                                "searched exhaustively at every context (each set is adapted "
                                "twice per context)")
+    policy_train_contexts: int = Field(36, ge=1, description="policy: training contexts per "
+                                       "seed (each gives up to C(C-1)/2 preference pairs)")
+    policy_steps: int = Field(200, ge=1, description="policy: IPO steps per seed")
+    policy_batch_contexts: int = Field(4, ge=1, description="policy: contexts per IPO step")
+    policy_eval_every: int = Field(25, ge=1, description="policy: IPO steps between points "
+                                   "of the learning curve")
     threads: int | None = Field(None, ge=1, description="torch threads; null: the command's "
                                 "thread policy (--threads, $PLASTICLM_THREADS, else every core)")
     seed: int = Field(0, ge=0, description="seed of streams, samples and LoRA")
