@@ -10,16 +10,12 @@ import torch
 
 from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.eval import encode_with_bos
-from plasticlm.scol import choice_learning
+from plasticlm.scol import policy_experiment
 from plasticlm.scol.action_scores import candidate_logprobs, completion_logprob
-from plasticlm.scol.choice_learning import (
-    ContextChoices,
-    action_ids,
-    summarise,
-    train_ipo,
-)
+from plasticlm.scol.choice_learning import ContextChoices, action_ids, train_ipo
 from plasticlm.scol.oracle import layer_sets
 from plasticlm.scol.policy import LayerGrammar, action_prompt, parse_layers
+from plasticlm.scol.policy_experiment import summarise
 from plasticlm.scol.setup import ExperimentConfig
 
 DRUGS = [("Tamasartan", "glaucoma"), ("Velizole", "asthma"), ("Quinomab", "gout"),
@@ -158,13 +154,13 @@ def test_policy_cli_reports_the_curve_and_reuses_its_walks(world, tmp_path, caps
     assert (out / "policy_curve.png").stat().st_size > 1000
     assert [len(c) for c in report["curves"]] == [3, 3]
     assert report["summary"]["pairs_per_seed"] == [
-        sum(len(choice_learning._pairs_of(r)) for r in rs) for rs in report["train_records"]]
+        sum(len(policy_experiment._pairs_of(r)) for r in rs) for rs in report["train_records"]]
     for rs in report["held_out_records"]:
         assert all(set(r["rewards"]) == {"A", "B"} for r in rs)
 
     def walk_again(*a, **k):
         raise AssertionError("the walks were made again")
-    monkeypatch.setattr(choice_learning, "run_stream", walk_again)
+    monkeypatch.setattr(policy_experiment, "run_stream", walk_again)
     assert main(args[:-2] + ["--set", "policy_steps=3", "--set", "scol.forget_window=1"]) == 0
     with pytest.raises(AssertionError, match="made again"):
         main(args + ["--set", "scol.lora.steps=3"])

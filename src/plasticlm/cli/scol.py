@@ -176,7 +176,7 @@ def _experiment(args) -> int:
         run_oracle(cfg, out, progress=progress)
         shown = (Path(out) / "oracle.md").read_text()
     elif args.which == "policy":
-        from plasticlm.scol.choice_learning import run_policy
+        from plasticlm.scol.policy_experiment import run_policy
 
         run_policy(cfg, out, progress=progress)
         shown = (Path(out) / "policy.md").read_text()
