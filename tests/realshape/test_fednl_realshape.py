@@ -3,6 +3,7 @@ and bfloat16, and one Flower round of two clients on Qwen2.5-0.5B's shape."""
 
 import json
 
+import pytest
 import torch
 
 from plasticlm.cli import main
@@ -49,6 +50,7 @@ def _client_round(shape, model, tokenizer, spec_of):
     assert len(scores) == len(task.test) and set(scores) <= {0.0, 1.0}
 
 
+@pytest.mark.slow  # 33 s: two client processes, each building the model
 def test_one_flower_round_of_two_clients_at_qwen25_05b_shape(tmp_path, spec_of):
     name = "qwen2.5-0.5b"
     assert main(["fednl", "run", "--quick", "--set", f"model={spec_of(name)}",
