@@ -7,7 +7,8 @@ the quick sandbox family they share is trained; each test waits for its own. Tho
 servers of their own (Flower's simulation; a fuser registry and three peers) run only with
 ``PLASTICLM_BENCH_SMOKE=all`` in the environment. Without them the file takes about two
 minutes on 2 cores, 30 s of it training the quick family (shared with the other tests in a
-full run)."""
+full run), so the runs are in the slow lane (`make test-slow`, which CI runs); that every
+script has a ``--smoke`` mode is checked in `make test`."""
 
 from __future__ import annotations
 
@@ -100,10 +101,14 @@ def smoke_runs(request) -> dict[str, Future]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def test_every_bench_is_found():
+def test_every_bench_is_found_and_has_a_smoke_mode():
     assert len(SCRIPTS) >= 18 and "gpu_check" in SCRIPTS
+    missing = [n for n in SCRIPTS if "--smoke" not in (BENCH / f"{n}.py").read_text()]
+    assert not missing, f"bench scripts without --smoke: {missing}"
 
 
+# about two minutes for the file (the runs go two at a time): the slow lane
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(_params()))
 def test_bench_smoke(name, smoke_runs):
     assert "--smoke" in (BENCH / f"{name}.py").read_text(), f"bench/{name}.py has no --smoke"

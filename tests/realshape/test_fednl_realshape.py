@@ -13,6 +13,7 @@ from plasticlm.fednl.local import local_update
 from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.theta import get_theta
+from plasticlm.models.shapes import TESTED_SHAPES
 
 RUN = from_dict(FedNLConfig, {
     "data": {"source": "sandbox-quick", "split": "dirichlet", "num_clients": 2,
@@ -26,6 +27,9 @@ def _tasks(spec: str):
     return tasks_for(override(RUN, {"model": spec}))
 
 
+# the Qwen shapes in `make test`; Llama's (21 s: a 128,256 x 2,048 embedding) in the slow lane
+@pytest.mark.parametrize("shape", [
+    pytest.param(s, marks=pytest.mark.slow) if s == "llama-3.2-1b" else s for s in TESTED_SHAPES])
 def test_a_fednl_client_round_and_its_evaluation(shape, shape_model, spec_of):
     _client_round(shape, *shape_model(shape), spec_of)
 
