@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# the tests marked slow (over 30 s each), left out of `make test`
+# the tests marked slow (over 30 s each, the bench smoke runs, larger shapes), left out of `make test`
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
