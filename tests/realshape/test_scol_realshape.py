@@ -86,3 +86,23 @@ def test_generation_yields_only_decodable_ids(shape, shape_model, context, monke
     actions = sample_actions(model, tok, action_prompt(context.text, 2, 40), grammar, k=3,
                              temperature=5.0, generator=torch.Generator().manual_seed(0))
     assert all(max(a.token_ids) < len(tok) and a.parsed.valid for a in actions)
+
+
+@pytest.mark.parametrize("shape", [
+    pytest.param(s, marks=pytest.mark.slow) if s != "qwen3-0.6b" else s for s in TESTED_SHAPES])
+def test_policy_scores_of_every_layer_set_batched_equal_alone(shape, shape_model, context):
+    """The policy experiment's batched scores of C layer sets (``candidate_logprobs``, logits
+    [C, L, 151,936 or 128,256] at the scored positions only) equal each set scored alone."""
+    from plasticlm.eval import encode_with_bos
+    from plasticlm.scol.action_scores import candidate_logprobs, completion_logprob
+    from plasticlm.scol.choice_learning import action_ids
+
+    model, tok = shape_model(shape)
+    n = num_layers_of(model)
+    grammar = LayerGrammar.for_model(model, tok, n, 2)
+    prompt = encode_with_bos(tok, action_prompt(context.text, n))
+    completions = [action_ids(grammar, s) for s in [(0,), (0, 1), (1,)]]
+    with torch.no_grad():
+        batched = candidate_logprobs(model, prompt, completions, grammar)
+        alone = torch.stack([completion_logprob(model, prompt, c, grammar) for c in completions])
+    torch.testing.assert_close(batched, alone, atol=1e-4, rtol=1e-4)
