@@ -434,3 +434,70 @@ def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():
     pooled_low = float(lucky.split("| 10.0 [")[1].split(",")[0])
     assert pooled_low > 0               # the items alone would call it better
     assert "| no difference |" in lucky and "(seeds [-" in lucky
+
+
+def test_central_yardstick_trains_on_every_clients_data_for_the_federations_steps(
+        quick_experiment, monkeypatch):
+    """The central pooled row trains theta once, without Flower, on all seven NIAH clients'
+    items for rounds x local steps x clients optimiser steps; its theta is saved and a second
+    call loads it."""
+    import plasticlm.fednl.central as central
+    from plasticlm.fednl.setup import tasks_for
+    from plasticlm.fednl.theta import get_theta
+    from plasticlm.fednl.variants import federated_config, trained_model, variants
+
+    cfg = quick_experiment("niah", "run.train.rounds=2", "run.train.local_steps=3")
+    row = next(v for v in variants(cfg) if v.central)
+    fcfg = federated_config(cfg, row, 0, Path(cfg.out) / "niah")
+    seen = {}
+    real = central.local_update
+
+    def spy(model, tok, task, theta, state, c, seed):
+        seen.update(items={id(x) for x in task.train}, steps=c.train.local_steps)
+        return real(model, tok, task, theta, state, c, seed)
+
+    monkeypatch.setattr(central, "local_update", spy)
+    monkeypatch.setattr("plasticlm.fednl.variants.run_federated",
+                        lambda c: pytest.fail("the central row ran a federation"))
+    model, tok, summary = trained_model(fcfg, True, progress=False, central=True)
+    clients = tasks_for(fcfg)
+    assert len(clients) == 7
+    assert seen["items"] == {id(x) for t in clients for x in t.train}
+    assert seen["steps"] == summary["central_steps"] == 2 * 3 * 7
+    theta = get_theta(model)
+    untrained = get_theta(trained_model(fcfg, False, progress=False)[0])
+    assert any(not torch.equal(theta[k], untrained[k]) for k in theta)
+    # trained once: the second call loads the saved theta
+    monkeypatch.setattr(central, "local_update", lambda *a: pytest.fail("trained again"))
+    again = get_theta(trained_model(fcfg, True, progress=False, central=True)[0])
+    assert all(torch.equal(theta[k], again[k]) for k in theta)
+
+
+def test_central_gap_line_pairs_each_federated_fednl_row_with_the_yardstick():
+    from plasticlm.fednl.experiment import accuracy_table
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    cfg = ExperimentConfig(experiment="niah", seeds=3,
+                           rows=("fednl", "fednl, central (pooled)", "fednl, 3x rounds"))
+    n = 200
+
+    def run(right, **extra):
+        return {"correct": [1.0 if i < right else 0.0 for i in range(n)],
+                "groups": list(range(n)), "theta_bytes": 1000, **extra}
+
+    runs = {}
+    for s in range(3):
+        runs[f"fednl|{s}"] = run(60 + s, drop=0.01)
+        runs[f"fednl, 3x rounds|{s}"] = run(100 + s, drop=0.01)
+        runs[f"fednl, central (pooled)|{s}"] = run(100 - s, central_steps=252)
+        runs[f"fedavg LoRA, window|{s}"] = run(50, drop=0.0)
+    table = accuracy_table(cfg, {"runs": runs})
+    gaps = next(line for line in table.splitlines() if line.startswith("Federated minus"))
+    assert "(252 steps" in gaps
+    assert "fednl -19.0 [" in gaps and "fednl -19.0" in gaps.split(";")[0]
+    assert "worse" in gaps.split(";")[0]
+    assert "fednl, 3x rounds 1.0 [" in gaps.split(";")[1]
+    assert "central (pooled) -" not in gaps   # the yardstick is not compared with itself
+    central_row = next(line for line in table.splitlines()
+                       if line.startswith("| fednl, central (pooled) |"))
+    assert "| - |" in central_row            # no aggregation drop: nothing was averaged

@@ -59,11 +59,13 @@ from plasticlm.sandbox import resolve_data_spec
 
 log = logging.getLogger("plasticlm.fednl")
 
+CENTRAL = "fednl, central (pooled)"
+
 
 def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: bool) -> dict:
     t0 = time.time()
     fcfg = federated_config(cfg, v, seed, root)
-    model, tok, summary = trained_model(fcfg, v.trained, progress)
+    model, tok, summary = trained_model(fcfg, v.trained, progress, central=v.central)
     correct, groups, per_client = [], [], {}
     for task in tasks_for(fcfg):
         c = task.correct(model, tok)
@@ -76,7 +78,10 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
     if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data.source):
         book = closed_book_test(resolve_data_spec(fcfg.data.source))
         out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
-    if summary:
+    if summary and v.central:
+        out.update(central_steps=summary["central_steps"],
+                   train_seconds=round(summary["seconds"], 1))
+    elif summary:
         out.update(drop=summary["mean_drop"], mb_per_round=summary["mb_per_round"],
                    train_seconds=round(summary["seconds"], 1))
     return out
@@ -183,10 +188,32 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                     "each row's final model at its own window, what learning to read far back "
                     "leaves of the short-context skill; bootstrap over questions ('-': runs "
                     "scored before the column existed)" if book else ""))
+    if CENTRAL in rows:
+        lines += ["", _central_gaps(rows)]
     if cfg.experiment == "niah" and all(has_tasks(row["runs"]) for row in rows.values()):
         lines += ["", "Per task (the paper's NIAH-7 table has a column per task):", "",
                   per_task_table(rows)]
     return "\n".join(lines)
+
+
+def _central_gaps(rows: dict[str, dict]) -> str:
+    """One line: each trained federated FedNL row minus the central pooled yardstick, paired
+    on the same items (issue 41 asks for federated within 5 pp of central)."""
+    central = [r["correct"] for r in rows[CENTRAL]["runs"]]
+    cells = []
+    for label, row in rows.items():
+        v = row["variant"]
+        if not label.startswith("fednl") or v.central or not v.trained:
+            continue
+        runs = row["runs"]
+        diff, over_seeds = paired_intervals([r["correct"] for r in runs], central,
+                                            [r["groups"] for r in runs])
+        cells.append(f"{label} {format_paired(diff, over_seeds)}, "
+                     f"{verdict(diff, over_seeds=over_seeds)}")
+    steps = rows[CENTRAL]["runs"][0].get("central_steps", "?")
+    return (f"Federated minus '{CENTRAL}' ({steps} steps, the federation's total, on the "
+            "clients' data pooled), pp paired on the same items (seeds): " + "; ".join(cells)
+            + ".")
 
 
 def _closed_book_cell(runs: list[dict]) -> str:

@@ -113,7 +113,7 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
         per_seed, asked = [], []
         for seed in range(cfg.seeds):
             model, tok, _ = trained_model(federated_config(ob, v, seed, root), v.trained,
-                                          progress)
+                                          progress, central=v.central)
             curves = [stream_ce(model, tok, segs, cfg.bucket_tokens, v.window)
                       for segs in streams.values()]
             k = min(len(c) for c in curves)

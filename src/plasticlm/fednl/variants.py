@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from plasticlm.config import Field, configclass, override, read_saved_config
+from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.central import saved_run_config, train_central
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.run import run_federated
@@ -37,13 +38,16 @@ SPLITS = {"niah": "niah", "openbook": "openbook"}
 @dataclass(frozen=True)
 class Variant:
     """One row: overrides of the experiment's base run config (dotted keys), or a control
-    (``trained=False``: the base model as prepared, never trained); ``window`` is the row's
-    resolved attention window, for its tables."""
+    (``trained=False``: the base model as prepared, never trained), or the yardstick
+    (``central=True``: theta trained centrally on the clients' data pooled,
+    :mod:`plasticlm.fednl.central`); ``window`` is the row's resolved attention window, for
+    its tables."""
 
     label: str
     changes: tuple[tuple[str, Any], ...] = ()
     trained: bool = True
     window: int = 0
+    central: bool = False
 
     @property
     def key(self) -> str:
@@ -136,6 +140,12 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
             # the paper's NIAH baselines, windowed like FedAvg (the same theta budget: LoRA)
             *([_row(m, m) for m in ("fedprox", "fedala", "fedssi")]
               if cfg.experiment == "niah" else []),
+            # issue 41's yardstick and lever: the same theta and steps with the seven tasks
+            # pooled centrally, and the federation given three times the rounds
+            *([Variant("fednl, central (pooled)", (("method.name", "fednl"),), central=True),
+               _row("fednl, 3x rounds", "fednl",
+                    **{"train.rounds": 3 * cfg.run.train.rounds})]
+              if cfg.experiment == "niah" else []),
             Variant("fedavg LoRA, full attention", (("method.name", "fedavg"), *full.items())),
             _row("untrained, window", "fedavg", trained=False),
             # the memory as initialised, never trained: what FedNL's rows must beat per task
@@ -153,14 +163,18 @@ def federated_config(cfg: ExperimentConfig, v: Variant, seed: int, root: Path) -
                                         "outputs.out": str(root)})
 
 
-def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
-    """(model with the final global theta of ``fcfg``'s Flower run, tokenizer, summary); the
-    run is reused when its folder holds a finished run of the same config."""
+def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True,
+                  central: bool = False):
+    """(model with the final global theta of ``fcfg``'s Flower run, tokenizer, summary), or
+    with ``central`` the theta of its central pooled run; the run is reused when its folder
+    holds a finished run of the same config."""
     model, tok = build_model(fcfg)
     if not trained:
         return model, tok, None
+    if central:
+        return model, tok, train_central(fcfg, model, tok, progress)
     run_dir = Path(fcfg.outputs.out) / fcfg.name
-    done = (run_dir / "summary.json").exists() and _saved(run_dir) == fcfg
+    done = (run_dir / "summary.json").exists() and saved_run_config(run_dir) == fcfg
     if not done:
         if progress:
             log.info("%s: %d rounds on Flower", fcfg.name, fcfg.train.rounds)
@@ -169,11 +183,3 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True):
     theta = load_tensors(sorted(run_dir.glob("round_*/theta.safetensors"))[-1], "FedNL theta")
     set_theta(model, theta)
     return model, tok, json.loads((run_dir / "summary.json").read_text())
-
-
-def _saved(run_dir: Path) -> FedNLConfig | None:
-    """The run folder's config, or None when it has none this version reads."""
-    try:
-        return read_saved_config(FedNLConfig, run_dir)
-    except PlasticError:
-        return None

@@ -95,7 +95,9 @@ def same_format_decoy(value: str, rng: random.Random) -> str:
         if ch.isdigit():
             out.append(rng.choice("0123456789"))
         elif ch in "abcdef":
-            out.append(rng.choice("abcdef0123456789"))
+            # letters stay letters: a decoy with more digits than the needle out-scores it
+            # under a model that merely likes digits (uuid fell to 0-17%, below chance)
+            out.append(rng.choice("abcdef"))
         else:
             out.append(ch)
     return "".join(out)
