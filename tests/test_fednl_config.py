@@ -121,7 +121,10 @@ def test_every_experiment_row_is_the_base_run_with_its_overrides(experiment, tmp
     for v in rows:
         fcfg = federated_config(cfg, v, 1, tmp_path)
         assert fcfg.aggregation.rule == "median", v.label
-        assert fcfg.train.rounds == 7 and fcfg.data.max_test == 5, v.label
+        # a row that sets its own rounds (the lever "3x rounds") scales the base run's
+        assert fcfg.train.rounds == dict(v.changes).get("train.rounds", 7), v.label
+        assert fcfg.train.rounds == (21 if v.label == "fednl, 3x rounds" else 7), v.label
+        assert fcfg.data.max_test == 5, v.label
         assert fcfg.data.source == "sandbox-quick" and fcfg.seed == 1
         assert fcfg.method.window == v.window
         # the row's own overrides, and nothing else, differ from the base run
