@@ -158,9 +158,17 @@ def test_policy_cli_reports_the_curve_and_reuses_its_walks(world, tmp_path, caps
     for rs in report["held_out_records"]:
         assert all(set(r["rewards"]) == {"A", "B"} for r in rs)
 
+    real_run_stream = policy_experiment.run_stream
+
     def walk_again(*a, **k):
         raise AssertionError("the walks were made again")
     monkeypatch.setattr(policy_experiment, "run_stream", walk_again)
     assert main(args[:-2] + ["--set", "policy_steps=3", "--set", "scol.forget_window=1"]) == 0
     with pytest.raises(AssertionError, match="made again"):
         main(args + ["--set", "scol.lora.steps=3"])
+
+    walked = []                 # one more seed walks only itself, reusing seeds 0 and 1
+    monkeypatch.setattr(policy_experiment, "run_stream",
+                        lambda *a, **k: walked.append(a[4]) or real_run_stream(*a, **k))
+    assert main(args + ["--set", "seeds=3"]) == 0
+    assert walked == [2, 10_002]

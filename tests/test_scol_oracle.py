@@ -2,6 +2,7 @@
 colliding streams."""
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,7 @@ from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, context_windows
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import SCoLConfig
-from plasticlm.scol.oracle import colliding_streams, layer_sets, summarise
+from plasticlm.scol.oracle import colliding_streams, layer_sets, pick_entropy_bits, summarise
 from plasticlm.scol.rewards import loglik_reward, reward_probe
 from plasticlm.scol.setup import ExperimentConfig
 
@@ -24,6 +25,13 @@ floats = st.lists(st.floats(-5, 5), min_size=0, max_size=6)
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 50))
+def test_pick_entropy_is_zero_for_one_answer_and_log2_k_for_k_equal_ones(k, n):
+    assert pick_entropy_bits([n]) == 0.0
+    assert pick_entropy_bits([n] * k + [0]) == pytest.approx(math.log2(k))
+    assert pick_entropy_bits([n, 3 * n]) < 1.0       # uneven picks: less than a fair coin
+
+
 @given(floats, floats, st.floats(0, 3))
 def test_loglik_reward_is_the_gain_minus_lambda_times_the_loss(cur, earlier, lam):
     """acquisition = mean gain on the context's answers; forgetting = mean loss on earlier

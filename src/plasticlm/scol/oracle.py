@@ -84,6 +84,13 @@ def colliding_streams(cfg: ExperimentConfig) -> list[tuple[str, list[Context]]]:
     return out
 
 
+def pick_entropy_bits(counts) -> float:
+    """Entropy in bits of the choices counted in ``counts`` (0: one fixed answer)."""
+    counts = [c for c in counts if c]
+    total = sum(counts)
+    return abs(sum(c / total * math.log2(c / total) for c in counts))
+
+
 def layer_sets(num_layers: int, most: int) -> list[tuple[int, ...]]:
     """Every set of 1..``most`` layers, smallest first."""
     return [s for k in range(1, most + 1) for s in itertools.combinations(range(num_layers), k)]
@@ -215,10 +222,8 @@ def summarise(per_seed: list[list[dict]]) -> dict:
                 "pooled": asdict(pooled), "over_seeds": asdict(seeds),
                 "verdict": verdict(pooled, part != "forgetting", seeds)}
     picks = Counter(tuple(r["pick"]) for rs in per_seed for r in rs)
-    total = sum(picks.values())
     summary["oracle_picks"] = {",".join(map(str, k)): v for k, v in picks.most_common()}
-    summary["oracle_pick_entropy_bits"] = abs(sum(v / total * math.log2(v / total)
-                                                  for v in picks.values()))
+    summary["oracle_pick_entropy_bits"] = pick_entropy_bits(picks.values())
     summary["ties"] = tie_rates([r for rs in per_seed for r in rs])
     return summary
 

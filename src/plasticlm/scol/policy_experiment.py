@@ -25,7 +25,13 @@ from plasticlm.eval import CI, paired_intervals, seed_ci, verdict
 from plasticlm.runs import RunDir
 from plasticlm.scol.choice_learning import choices_of, train_ipo
 from plasticlm.scol.consolidate import num_layers_of
-from plasticlm.scol.oracle import TIE, colliding_streams, margin_rows, run_stream
+from plasticlm.scol.oracle import (
+    TIE,
+    colliding_streams,
+    margin_rows,
+    pick_entropy_bits,
+    run_stream,
+)
 from plasticlm.scol.plots import plot_policy_curve
 from plasticlm.scol.policy import LayerGrammar
 from plasticlm.scol.setup import ExperimentConfig, load_model, replay_pool
@@ -113,12 +119,18 @@ def policy_markdown(report: dict) -> str:
     lines += ["", "Means (held out, seed B, x100): " + "; ".join(
         f"{part}: " + ", ".join(f"{k} {100 * v:.2f}" for k, v in ms.items())
         for part, ms in s["means"].items()), "",
-        f"Learned picks: {s['learned_picks']}; untrained picks: {s['untrained_picks']}."]
+        f"Learned picks: {s['learned_picks']} (entropy "
+        f"{pick_entropy_bits(s['learned_picks'].values()):.2f} bits); untrained picks: "
+        f"{s['untrained_picks']} (entropy {pick_entropy_bits(s['untrained_picks'].values()):.2f}"
+        " bits; one fixed answer: 0)."]
     return "\n".join(lines) + "\n"
 
 
-# settings that change the walks (everything but the IPO recipe and its learning curve)
-_RECIPE_ONLY = ("policy_steps", "policy_batch_contexts", "policy_eval_every", "threads")
+# settings that leave the walks unchanged: the IPO recipe and its learning curve, and the
+# number of seeds (seed s's stream and walks do not depend on how many others run, so more
+# seeds reuse the earlier ones' walks)
+_RECIPE_ONLY = ("policy_steps", "policy_batch_contexts", "policy_eval_every", "threads",
+                "seeds")
 
 
 def _walk_key(cfg: ExperimentConfig, seed: int) -> dict:
