@@ -406,11 +406,12 @@ def test_rows_pick_variants_and_old_results_still_match(tmp_path):
 
 def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():
     """The verdict of a row against windowed FedAvg needs the items pooled over seeds and the
-    seeds' own differences to exclude zero: a gain made by one seed of three is no difference."""
+    seeds' own differences to exclude zero: a gain made by one seed of three is no difference.
+    The paper's figures stand in the rows they belong to (FedNL 29.7, FedALA 28.6)."""
     from plasticlm.fednl.experiment import accuracy_table
     from plasticlm.fednl.variants import ExperimentConfig
 
-    cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl",))
+    cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl", "fedala"))
     n = 200
     ref = [1.0] * 50 + [0.0] * (n - 50)
 
@@ -421,15 +422,16 @@ def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():
     def table(gains_per_seed):
         runs = {}
         for s, g in enumerate(gains_per_seed):
-            runs[f"fednl|{s}"] = run(g)
+            runs[f"fednl|{s}"] = runs[f"fedala|{s}"] = run(g)
             runs[f"fedavg LoRA, window|{s}"] = {"correct": ref, "groups": list(range(n)),
                                                 "theta_bytes": 1000}
-        row = next(line for line in accuracy_table(cfg, {"runs": runs}).splitlines()
-                   if line.startswith("| fednl |"))
+        lines = accuracy_table(cfg, {"runs": runs}).splitlines()
+        assert "| 28.6 (best baseline) |" in next(x for x in lines if x.startswith("| fedala |"))
+        row = next(line for line in lines if line.startswith("| fednl |"))
         return row
 
     steady = table([20, 21, 19])       # +10 points in every seed
-    assert "| 10.0 [5.8, 14.3] (seeds [8.8, 11.2]) | better |" in steady
+    assert "| 10.0 [5.8, 14.3] (seeds [8.8, 11.2]) | better | - | 1.0 | 29.7 |" in steady
     lucky = table([60, 0, 0])          # +10 points on average, all of it from one seed
     pooled_low = float(lucky.split("| 10.0 [")[1].split(",")[0])
     assert pooled_low > 0               # the items alone would call it better

@@ -93,12 +93,12 @@ def comparison_table(summaries: list[dict]) -> str:
 
 # The paper's figures (PAPER; Qwen2.5-1.5B, its NIAH contexts far longer than ours,
 # its MMLU accuracy including the base model's prior knowledge: neither comparable in level)
-# as the cells of each experiment's table.
+# as the cells of each experiment's table, by row label.
 PAPER_CELLS = {
     "mmlu": {"fednl": f"{PAPER['mean_acc']['fednl']:.2f}",
-             "best baseline": f"{PAPER['mean_acc']['fedssi']:.2f} (FedSSI)"},
+             "fedssi": f"{PAPER['mean_acc']['fedssi']:.2f} (best baseline)"},
     "niah": {"fednl": f"{PAPER['niah_acc']['fednl']:.1f}",
-             "best baseline": f"{PAPER['niah_acc']['fedala']:.1f} (FedALA)"},
+             "fedala": f"{PAPER['niah_acc']['fedala']:.1f} (best baseline)"},
     "stream": {"fednl": f"{PAPER['stream_ce_change']['fednl']:+.1f}%",
                "fedavg LoRA, window": f"{PAPER['stream_ce_change']['fedavg']:+.1f}%"},
 }
