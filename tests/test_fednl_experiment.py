@@ -475,6 +475,32 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
     assert all(torch.equal(theta[k], again[k]) for k in theta)
 
 
+def test_baseline_gap_line_gives_fednl_minus_each_paper_baseline():
+    from plasticlm.fednl.experiment import accuracy_table
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl", "fedala", "fedprox"))
+    n = 200
+
+    def run(right):
+        return {"correct": [1.0 if i < right else 0.0 for i in range(n)],
+                "groups": list(range(n)), "theta_bytes": 1000}
+
+    runs = {}
+    for s in range(3):
+        runs[f"fednl|{s}"] = run(80 + s)
+        runs[f"fedala|{s}"] = run(60)          # FedNL +10 points in every seed
+        runs[f"fedprox|{s}"] = run(80 + s)     # the same answers as FedNL
+        runs[f"fedavg LoRA, window|{s}"] = run(50)
+    lines = accuracy_table(cfg, {"runs": runs}).splitlines()
+    gaps = next(x for x in lines if x.startswith("FedNL minus each of the paper's baselines"))
+    prox, ala = gaps.split(": ", 1)[1].split("; ")
+    assert prox.startswith("fedprox 0.0 [") and prox.endswith("no difference")
+    assert ala.startswith("fedala 10.5 [") and ala.endswith("better.")
+    no_baseline = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl",))
+    assert "FedNL minus each" not in accuracy_table(no_baseline, {"runs": runs})
+
+
 def test_central_gap_line_pairs_each_federated_fednl_row_with_the_yardstick():
     from plasticlm.fednl.experiment import accuracy_table
     from plasticlm.fednl.variants import ExperimentConfig

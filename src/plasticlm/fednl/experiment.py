@@ -146,6 +146,10 @@ def _rows(cfg: ExperimentConfig, results: dict) -> dict[str, dict]:
     return out
 
 
+# the federated baselines the paper compares FedNL against (rows of mmlu and niah)
+PAPER_BASELINES = ("fedprox", "fedala", "fedssi")
+
+
 def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
     """Markdown: accuracy [95% CI], the paired difference to windowed FedAvg and its verdict,
     the aggregation drop over seeds, theta bytes, and the paper's figure."""
@@ -190,30 +194,43 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                     "scored before the column existed)" if book else ""))
     if CENTRAL in rows:
         lines += ["", _central_gaps(rows)]
+    if "fednl" in rows and any(b in rows for b in PAPER_BASELINES):
+        lines += ["", _baseline_gaps(rows)]
     if cfg.experiment == "niah" and all(has_tasks(row["runs"]) for row in rows.values()):
         lines += ["", "Per task (the paper's NIAH-7 table has a column per task):", "",
                   per_task_table(rows)]
     return "\n".join(lines)
 
 
+def _gap_cell(label: str, runs: list[dict], reference: list[dict]) -> str:
+    """``label``, then ``runs`` minus ``reference`` paired on the same items, with the seeds'
+    interval and the verdict."""
+    diff, over_seeds = paired_intervals([r["correct"] for r in runs],
+                                        [r["correct"] for r in reference],
+                                        [r["groups"] for r in runs])
+    return f"{label} {format_paired(diff, over_seeds)}, {verdict(diff, over_seeds=over_seeds)}"
+
+
 def _central_gaps(rows: dict[str, dict]) -> str:
     """One line: each trained federated FedNL row minus the central pooled yardstick, paired
     on the same items (issue 41 asks for federated within 5 pp of central)."""
-    central = [r["correct"] for r in rows[CENTRAL]["runs"]]
-    cells = []
-    for label, row in rows.items():
-        v = row["variant"]
-        if not label.startswith("fednl") or v.central or not v.trained:
-            continue
-        runs = row["runs"]
-        diff, over_seeds = paired_intervals([r["correct"] for r in runs], central,
-                                            [r["groups"] for r in runs])
-        cells.append(f"{label} {format_paired(diff, over_seeds)}, "
-                     f"{verdict(diff, over_seeds=over_seeds)}")
-    steps = rows[CENTRAL]["runs"][0].get("central_steps", "?")
+    central = rows[CENTRAL]["runs"]
+    cells = [_gap_cell(label, row["runs"], central) for label, row in rows.items()
+             if label.startswith("fednl") and not row["variant"].central
+             and row["variant"].trained]
+    steps = central[0].get("central_steps", "?")
     return (f"Federated minus '{CENTRAL}' ({steps} steps, the federation's total, on the "
             "clients' data pooled), pp paired on the same items (seeds): " + "; ".join(cells)
             + ".")
+
+
+def _baseline_gaps(rows: dict[str, dict]) -> str:
+    """One line: FedNL minus each of the paper's baselines that ran, paired on the same items
+    (the paper's own comparison: FedNL against its best baseline)."""
+    fednl = rows["fednl"]["runs"]
+    cells = [_gap_cell(b, fednl, rows[b]["runs"]) for b in PAPER_BASELINES if b in rows]
+    return ("FedNL minus each of the paper's baselines, pp paired on the same items (seeds): "
+            + "; ".join(cells) + ".")
 
 
 def _closed_book_cell(runs: list[dict]) -> str:
