@@ -51,7 +51,7 @@ def train_central(cfg: FedNLConfig, model, tokenizer, progress: bool = True) -> 
     ``theta.safetensors``, ``config.json`` and ``summary.json``; a finished run of the same
     config is loaded instead of trained again."""
     run_dir = Path(cfg.outputs.out) / cfg.name
-    if (run_dir / "summary.json").exists() and saved_run_config(run_dir) == cfg:
+    if finished_run(run_dir, cfg):
         set_theta(model, load_tensors(run_dir / "theta.safetensors", "central theta"))
         return json.loads((run_dir / "summary.json").read_text())
     clear_run_folder(run_dir, "choose another --set out=...")
@@ -68,6 +68,12 @@ def train_central(cfg: FedNLConfig, model, tokenizer, progress: bool = True) -> 
     summary = {"central_steps": steps, "seconds": round(time.time() - t0, 1), **metrics}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def finished_run(run_dir: Path, cfg: FedNLConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run (its ``summary.json``, written last) of
+    exactly ``cfg``: a federated or central run that can be loaded instead of trained."""
+    return (run_dir / "summary.json").exists() and saved_run_config(run_dir) == cfg
 
 
 def saved_run_config(run_dir: Path) -> FedNLConfig | None:

@@ -47,6 +47,8 @@ from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experime
 from plasticlm.fednl.task_table import has_tasks, per_task_table
 from plasticlm.fednl.theta import get_theta
 from plasticlm.fednl.variants import (
+    CENTRAL,
+    PAPER_BASELINES,
     ExperimentConfig,
     Variant,
     federated_config,
@@ -58,8 +60,6 @@ from plasticlm.plotting import plt
 from plasticlm.sandbox import resolve_data_spec
 
 log = logging.getLogger("plasticlm.fednl")
-
-CENTRAL = "fednl, central (pooled)"
 
 
 def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: bool) -> dict:
@@ -144,10 +144,6 @@ def _rows(cfg: ExperimentConfig, results: dict) -> dict[str, dict]:
                         "ci": pooled_bootstrap_ci([r["correct"] for r in runs],
                                                   groups_per_seed=[r["groups"] for r in runs])}
     return out
-
-
-# the federated baselines the paper compares FedNL against (rows of mmlu and niah)
-PAPER_BASELINES = ("fedprox", "fedala", "fedssi")
 
 
 def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:

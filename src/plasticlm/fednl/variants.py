@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.central import saved_run_config, train_central
+from plasticlm.fednl.central import finished_run, train_central
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.run import run_federated
@@ -33,6 +33,10 @@ log = logging.getLogger("plasticlm.fednl")
 EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
 # the split each experiment's clients are built with (memory and comm measure mmlu's clients)
 SPLITS = {"niah": "niah", "openbook": "openbook"}
+# the federated baselines the paper compares FedNL against (windowed LoRA, as FedAvg)
+PAPER_BASELINES = ("fedprox", "fedala", "fedssi")
+# issue 41's yardstick: the same theta trained centrally on the clients' data pooled
+CENTRAL = "fednl, central (pooled)"
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,11 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
             _row("fednl, recurrence removed", "fednl", **{"memory.recurrent": False}),
             _row("fedavg LoRA, window", "fedavg"),
             # the paper's NIAH baselines, windowed like FedAvg (the same theta budget: LoRA)
-            *([_row(m, m) for m in ("fedprox", "fedala", "fedssi")]
+            *([_row(m, m) for m in PAPER_BASELINES]
               if cfg.experiment == "niah" else []),
             # issue 41's yardstick and lever: the same theta and steps with the seven tasks
             # pooled centrally, and the federation given three times the rounds
-            *([Variant("fednl, central (pooled)", (("method.name", "fednl"),), central=True),
+            *([Variant(CENTRAL, (("method.name", "fednl"),), central=True),
                _row("fednl, 3x rounds", "fednl",
                     **{"train.rounds": 3 * cfg.run.train.rounds})]
               if cfg.experiment == "niah" else []),
@@ -174,8 +178,7 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True,
     if central:
         return model, tok, train_central(fcfg, model, tok, progress)
     run_dir = Path(fcfg.outputs.out) / fcfg.name
-    done = (run_dir / "summary.json").exists() and saved_run_config(run_dir) == fcfg
-    if not done:
+    if not finished_run(run_dir, fcfg):
         if progress:
             log.info("%s: %d rounds on Flower", fcfg.name, fcfg.train.rounds)
         clear_run_folder(run_dir, "choose another --set out=...")
