@@ -401,7 +401,13 @@ def test_rows_pick_variants_and_old_results_still_match(tmp_path):
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"config": old, "runs": {"fednl|0": {}}}))
     assert _load_results(path, ExperimentConfig())["runs"] == {"fednl|0": {}}
-    assert _load_results(path, dataclasses.replace(ExperimentConfig(), seeds=9))["runs"] == {}
+    # each scored run is keyed by row and seed: more seeds or other rows keep it ...
+    more = dataclasses.replace(ExperimentConfig(), seeds=9, rows=("fednl", "fedprox"))
+    assert _load_results(path, more)["runs"] == {"fednl|0": {}}
+    assert _load_results(path, more)["config"]["seeds"] == 9
+    # ... any other setting scores again
+    other = dataclasses.replace(ExperimentConfig(), closed_book_row_share=0.5)
+    assert _load_results(path, other)["runs"] == {}
 
 
 def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():

@@ -260,7 +260,28 @@ def test_an_aggregate_over_the_step_bound_is_refused_and_the_previous_theta_kept
             "non-finite" in s.record["aggregation"]["refused"]
 
 
-@pytest.mark.parametrize("key", ["clip", "clip_floor", "max_step", "trim"])
+def test_a_refused_round_leaves_the_server_optimisers_state_as_it_was(server):
+    """Server momentum: a refused aggregate must not enter the momentum buffer (the next
+    rounds would carry it); an accepted one does."""
+    from plasticlm.fednl.sections import SERVER_OPTIMIZERS
+
+    s = server()
+    s.cfg = override(s.cfg, {"aggregation.clip": 0.0, "aggregation.server_opt": "avgm"})
+    s.server_opt = SERVER_OPTIMIZERS["avgm"](s.cfg.aggregation)
+    s.server_state = {"m": torch.full((8,), 0.01)}
+    big = {k: v.clone() for k, v in THETA.items()}
+    big["w"] = torch.full((2, 3), 5e3)
+    s.aggregate_train(1, [reply(0, big), reply(1, big), reply(2)])
+    assert "refused" in s.record["aggregation"]
+    assert torch.equal(s.pending_state["m"], torch.full((8,), 0.01))
+    small = {k: v + 0.01 for k, v in THETA.items()}
+    s.aggregate_train(1, [reply(0, small), reply(1, small), reply(2, small)])
+    assert "refused" not in s.record["aggregation"]
+    assert torch.allclose(s.pending_state["m"], torch.full((8,), 0.9 * 0.01 + 0.01))
+
+
+@pytest.mark.parametrize("key", ["clip", "clip_floor", "max_step", "trim", "server_lr",
+                                 "server_momentum", "server_beta2", "server_tau"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
 def test_every_numeric_aggregation_setting_refuses_nan_inf_and_negatives(key, value):
     from plasticlm.config import load_config

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -109,10 +109,13 @@ def krum_step(updates, weights, cfg):
 
 def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequence[float],
                      current: dict[str, torch.Tensor], cfg: AggregationConfig,
-                     max_examples: int) -> tuple[dict[str, torch.Tensor], dict]:
+                     max_examples: int,
+                     server_step: Callable[[torch.Tensor], torch.Tensor] | None = None
+                     ) -> tuple[dict[str, torch.Tensor], dict]:
     """The new global theta from the clients' ``thetas`` (validated: same keys and shapes as
     ``current``) and their ``claimed`` example counts; returns it and what was done (weights
-    used, clipped clients)."""
+    used, clipped clients). ``server_step`` (a server optimiser, :mod:`.server_opt`) maps the
+    rule's step [P] to theta's, before the step bound."""
     if not thetas:
         raise ValueError("nothing to aggregate")
     names = sorted(current)
@@ -124,6 +127,8 @@ def robust_aggregate(thetas: Sequence[dict[str, torch.Tensor]], claimed: Sequenc
     weights = [min(max(float(c), 0.0), float(cap)) if math.isfinite(float(c)) else 0.0
                for c in claimed]
     step = AGGREGATORS[cfg.rule](updates, weights, cfg)
+    if server_step is not None:
+        step = server_step(step)
     if clipped:
         log.warning("clipped the updates of %d client(s) to %.1fx the median norm",
                     len(clipped), cfg.clip)

@@ -61,9 +61,9 @@ def train_central(cfg: FedNLConfig, model, tokenizer, progress: bool = True) -> 
     if progress:
         log.info("%s: %d central steps on %d clients' data pooled", cfg.name, steps, len(tasks))
     t0 = time.time()
-    theta, metrics = local_update(model, tokenizer, pooled_task(tasks), get_theta(model), {},
-                                  override(cfg, {"train.local_steps": steps}), cfg.seed)
-    set_theta(model, theta)
+    _, metrics = local_update(model, tokenizer, pooled_task(tasks), get_theta(model), {},
+                              override(cfg, {"train.local_steps": steps}), cfg.seed)
+    theta = get_theta(model)  # all of it: nothing stays on a client when training is central
     save_file({k: v.contiguous() for k, v in theta.items()}, str(run_dir / "theta.safetensors"))
     summary = {"central_steps": steps, "seconds": round(time.time() - t0, 1), **metrics}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -82,18 +82,27 @@ class Checkpointer:
                                                     for x in kept))
         return (r, theta) if r > 0 else (0, initial)
 
-    def commit(self, round_: int, theta: dict[str, torch.Tensor], record: dict) -> None:
+    def commit(self, round_: int, theta: dict[str, torch.Tensor], record: dict,
+               server_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Round ``round_``'s theta, the server optimiser's state (if any) and record."""
         folder = self.run_dir / f"round_{round_:04d}"
         folder.mkdir(exist_ok=True)
-        tmp = folder / "theta.safetensors.partial"
-        save_file({k: v.contiguous() for k, v in theta.items()}, str(tmp))
-        os.replace(tmp, folder / "theta.safetensors")
+        for name, tensors in (("theta", theta), ("server_opt", server_state or {})):
+            if tensors:
+                tmp = folder / f"{name}.safetensors.partial"
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+                os.replace(tmp, folder / f"{name}.safetensors")
         with self.metrics.open("a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
         write_text_atomic(self.pointer, json.dumps({"round": round_}) + "\n")
         old = self.run_dir / f"round_{round_ - KEEP_ROUNDS:04d}"
         if old.exists():   # theta per round is in the metrics; two rounds are kept on disk
             shutil.rmtree(old)
+
+    def server_state(self, round_: int) -> dict[str, torch.Tensor]:
+        """The server optimiser's state after ``round_`` (empty at round 0 or without one)."""
+        path = self.run_dir / f"round_{round_:04d}" / "server_opt.safetensors"
+        return load_tensors(path, "FedNL checkpoint") if round_ > 0 and path.exists() else {}
 
     def records(self) -> list[dict]:
         """The committed rounds' records; a torn last line (a kill mid-append) is dropped,

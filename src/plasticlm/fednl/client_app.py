@@ -20,6 +20,7 @@ from plasticlm.fednl.config import run_of
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.messages import pack_theta, unpack_theta
 from plasticlm.fednl.privacy_client import privacy_mod
+from plasticlm.fednl.sections import METHODS
 from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runtime import dtype_name, set_threads
@@ -60,18 +61,26 @@ def _reply(msg: Message, arrays: ArrayRecord | None, metrics: dict, task, model)
     return Message(content, reply_to=msg)
 
 
+def _state_dir(cfg, run_dir, pid: int, context: Context) -> Path:
+    return Path(str(context.node_config.get("state-dir")
+                    or client_state_root(cfg, run_dir))) / f"client{pid}"
+
+
+def _personal_state(context: Context, state_dir: Path, after_round: int) -> dict:
+    if "personal" in context.state:
+        return unpack_theta(context.state["personal"])
+    # a fresh process (first round, or a resumed run): read the client's own disk
+    return load_client_state(state_dir, after_round)
+
+
 @client_app.train()
 def client_train(msg: Message, context: Context) -> Message:
     """Local training from the received theta; replies with the local theta and the local
     model's accuracy (the "before aggregation" side of the aggregation drop)."""
     cfg, run_dir, pid, task, model, tokenizer = _client(msg, context)
     rnd = int(msg.content["config"]["server-round"])
-    state_dir = Path(str(context.node_config.get("state-dir")
-                         or client_state_root(cfg, run_dir))) / f"client{pid}"
-    if "personal" in context.state:
-        state = unpack_theta(context.state["personal"])
-    else:  # a fresh process (first round, or a resumed run): read the client's own disk
-        state = load_client_state(state_dir, rnd - 1)
+    state_dir = _state_dir(cfg, run_dir, pid, context)
+    state = _personal_state(context, state_dir, rnd - 1)
     t0 = time.time()
     theta, metrics = local_update(model, tokenizer, task, unpack_theta(msg.content["arrays"]), state,
                                   cfg, seed=cfg.seed * 100_003 + rnd * 101 + pid)
@@ -87,9 +96,13 @@ def client_train(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def client_evaluate(msg: Message, context: Context) -> Message:
-    """Accuracy of the received aggregate on the client's held-out questions."""
-    cfg, _, pid, task, model, tokenizer = _client(msg, context)
-    set_theta(model, unpack_theta(msg.content["arrays"]))
+    """Accuracy of the received aggregate on the client's held-out questions (with the
+    client's own share of theta where the method keeps one, :meth:`FedMethod.personalise`)."""
+    cfg, run_dir, pid, task, model, tokenizer = _client(msg, context)
+    rnd = int(msg.content["config"]["server-round"])
+    state = _personal_state(context, _state_dir(cfg, run_dir, pid, context), rnd)
+    set_theta(model, METHODS[cfg.method.name]().personalise(unpack_theta(msg.content["arrays"]),
+                                                            state))
     acc = task.accuracy(model, tokenizer)
     return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,
                               "fed-acc": acc}, task, model)

@@ -18,7 +18,7 @@ from typing import Any
 
 from plasticlm.config import Field, configclass, from_dict, to_dict
 from plasticlm.errors import PlasticError
-from plasticlm.fednl import aggregators, methods  # noqa: F401 - they register their members
+from plasticlm.fednl import aggregators, methods, server_opt  # noqa: F401 - they register
 from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
 from plasticlm.fednl.sections import (
     AggregationConfig,

@@ -22,6 +22,7 @@ stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -45,12 +46,13 @@ from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.streaming import run_memory_experiment, run_stream_experiment
 from plasticlm.fednl.task_table import has_tasks, per_task_table
-from plasticlm.fednl.theta import get_theta
+from plasticlm.fednl.theta import get_theta, set_theta
 from plasticlm.fednl.variants import (
     CENTRAL,
     PAPER_BASELINES,
     ExperimentConfig,
     Variant,
+    client_theta,
     federated_config,
     trained_model,
     variants,
@@ -66,16 +68,20 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
     t0 = time.time()
     fcfg = federated_config(cfg, v, seed, root)
     model, tok, summary = trained_model(fcfg, v.trained, progress, central=v.central)
+    global_theta = get_theta(model)
     correct, groups, per_client = [], [], {}
-    for task in tasks_for(fcfg):
+    for pid, task in enumerate(tasks_for(fcfg)):
+        if v.trained and not v.central:  # each client answers with its own share, if any
+            set_theta(model, client_theta(fcfg, pid, global_theta))
         c = task.correct(model, tok)
         per_client[task.name] = sum(c) / len(c)
         correct += c
         groups += [f"{task.name}/{g}" for g in task.groups()]
     out = {"correct": correct, "groups": groups, "per_client": per_client,
            "accuracy": sum(correct) / len(correct), "seconds": round(time.time() - t0, 1),
-           "theta_bytes": sum(x.numel() * 4 for x in get_theta(model).values())}
+           "theta_bytes": sum(x.numel() * 4 for x in global_theta.values())}
     if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data.source):
+        set_theta(model, global_theta)
         book = closed_book_test(resolve_data_spec(fcfg.data.source))
         out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
     if summary and v.central:
@@ -88,16 +94,21 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
 
 
 def _load_results(path: Path, cfg: ExperimentConfig) -> dict:
+    """The runs scored so far under ``cfg`` (none when the folder's were scored under another
+    config). Which rows and how many seeds run does not decide it: each scored run is
+    keyed by its row and seed, and neither depends on the others, so more rows or seeds
+    score only what is new."""
     if path.exists():
         saved = json.loads(path.read_text())
         # read back through the config: results written before a field existed still match
         # while the new field holds its default (and flat configs of earlier versions read)
         try:
-            same = experiment_config(saved.get("config", {})) == cfg
+            same = dataclasses.replace(experiment_config(saved.get("config", {})),
+                                       rows=cfg.rows, seeds=cfg.seeds) == cfg
         except PlasticError:
             same = False
         if same:
-            return saved
+            return {**saved, "config": to_dict(cfg)}
     return {"config": to_dict(cfg), "runs": {}}
 
 

@@ -13,7 +13,9 @@ from plasticlm.fednl.theta import set_theta, trainable
 
 def local_update(model, tokenizer, task, global_theta: dict, state: dict,
                  cfg: FedNLConfig, seed: int) -> tuple[dict, dict]:
-    """One round of local training from ``global_theta``; returns (local theta, metrics).
+    """One round of local training from ``global_theta``; returns (the theta to send: the
+    local theta less what the method keeps on the client, metrics); the model is left
+    holding the whole local theta.
 
     ``state`` (the client's personal tensors) is read and updated in place.
     """
@@ -58,7 +60,7 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict,
     objective.finish(theta, start, state)
     method.keep(theta, state)
     state.update(_to(state, "cpu"))
-    return _to(theta, "cpu"), {"train_loss": sum(losses) / max(1, len(losses)),
+    return _to(method.shared(theta, global_theta), "cpu"), {"train_loss": sum(losses) / max(1, len(losses)),
                    "train_loss_first": losses[0] if losses else float("nan"),
                    "train_loss_last": losses[-1] if losses else float("nan")}
 

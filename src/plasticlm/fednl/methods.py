@@ -10,7 +10,9 @@ mean, :mod:`plasticlm.fednl.aggregate`); they differ only in
 - the extra local term: FedProx's (mu/2)||w - w_global||^2, FedSSI's synaptic-intelligence
   penalty c * sum Omega (w - w_anchor)^2;
 - the initialisation: FedALA mixes the global theta into the client's previous local theta
-  with learned element-wise weights on the top layers.
+  with learned element-wise weights on the top layers;
+- what stays on the client: ``fednl-personal`` (the paper's nested split) keeps each
+  client's gate (and memory norm) local and shares only the rules that write the memory.
 
 Personalised state (ALA weights, SI importances, previous local theta) is a flat
 ``dict[str, Tensor]`` that the client keeps; it never travels.
@@ -103,6 +105,15 @@ class FedMethod:
     def keep(self, theta: dict, state: dict) -> None:
         """Update the client's personal state after the round (nothing by default)."""
 
+    def shared(self, theta: dict, global_theta: dict) -> dict:
+        """What the client sends after its round: its local theta (all of it by default)."""
+        return theta
+
+    def personalise(self, global_theta: dict, state: dict) -> dict:
+        """The theta this client answers with: the global theta (by default), or the global
+        theta with the client's own share of it from ``state``."""
+        return global_theta
+
     def save(self, model: nn.Module, tokenizer, folder) -> None:
         """The trained model in the ecosystem's format: here a PEFT LoRA adapter folder."""
         model.save_pretrained(folder)
@@ -133,6 +144,34 @@ class FedNL(FedMethod):
 
     def save(self, model, tokenizer, folder):
         save_pretrained(model, folder)     # the memory adapter (safetensors + config)
+
+
+def is_personal(name: str) -> bool:
+    """Whether a FedNL theta entry is the client's own under the nested split: the gate
+    (logit and input projection) and the memory's norm, which decide how much of the memory
+    this client's task reads, not how the memory is written."""
+    return name.endswith("gate_logit") or ".gate_proj." in name or ".memory_norm." in name
+
+
+@METHODS.register("fednl-personal")
+class FedNLPersonal(FedNL):
+    """FedNL's nested split: the rules that write the memory (LoRA, beta, conv) are shared;
+    each client's gate and memory norm stay on the client (:func:`is_personal`)."""
+
+    def initial(self, model, global_theta, state, batches, cfg):
+        return self.personalise(global_theta, state)
+
+    def personalise(self, global_theta, state):
+        return {n: state.get(f"personal.{n}", v) if is_personal(n) else v
+                for n, v in global_theta.items()}
+
+    def shared(self, theta, global_theta):
+        # the reply keeps theta's layout (the server validates it) but its personal entries
+        # are the ones received: their mean stays the initial gate and carries nothing local
+        return {n: global_theta[n] if is_personal(n) else v for n, v in theta.items()}
+
+    def keep(self, theta, state):
+        state.update({f"personal.{n}": v for n, v in theta.items() if is_personal(n)})
 
 
 @METHODS.register("fedavg-full")

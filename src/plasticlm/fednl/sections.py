@@ -1,8 +1,9 @@
 """The sections of FedNL's run config and the registries its choices name.
 
-Each section is a frozen, validated :func:`plasticlm.config.configclass`; ``METHODS`` and
-``AGGREGATORS`` are filled by the modules that define their members
-(:mod:`plasticlm.fednl.methods`, :mod:`plasticlm.fednl.aggregators`), which
+Each section is a frozen, validated :func:`plasticlm.config.configclass`; ``METHODS``,
+``AGGREGATORS`` and ``SERVER_OPTIMIZERS`` are filled by the modules that define their members
+(:mod:`plasticlm.fednl.methods`, :mod:`plasticlm.fednl.aggregators`,
+:mod:`plasticlm.fednl.server_opt`), which
 :mod:`plasticlm.fednl.config` imports, so a loaded config always sees every member.
 """
 
@@ -16,6 +17,7 @@ from plasticlm.registry import Registry
 
 METHODS = Registry("federated method")
 AGGREGATORS = Registry("aggregation rule")
+SERVER_OPTIMIZERS = Registry("server optimiser")
 
 
 @configclass
@@ -140,6 +142,18 @@ class AggregationConfig:
                             "than this root-mean-square per value, or not finitely, is refused "
                             "and the previous theta kept")
     trim: float = Field(0.2, ge=0, lt=0.5, description="trimmed_mean: share cut at each end")
+    server_opt: Annotated[str, SERVER_OPTIMIZERS.key] = Field(
+        "none", description="what turns the round's aggregate step into theta's step: 'none' "
+        "(FedAvg), 'avgm', 'adam', 'yogi' (Flower's FedAvgM, FedAdam, FedYogi; "
+        "fednl/server_opt.py)")
+    server_lr: float = Field(1.0, gt=0, description="server learning rate: 1 with 'avgm' is "
+                             "FedAvg's step plus momentum; 'adam'/'yogi' move each value by "
+                             "about this much a round (Flower's default 0.1 is for whole "
+                             "weights; LoRA-sized theta wants ~1e-2)")
+    server_momentum: float = Field(0.9, ge=0, lt=1, description="avgm: momentum; adam/yogi: "
+                                   "beta_1")
+    server_beta2: float = Field(0.99, gt=0, lt=1, description="adam/yogi: beta_2")
+    server_tau: float = Field(1e-3, gt=0, description="adam/yogi: tau, the adaptivity floor")
 
 
 @configclass

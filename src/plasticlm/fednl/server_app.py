@@ -35,6 +35,7 @@ def server_main(grid: Grid, cfg: FedNLConfig, run_dir: str | Path,
         return
     num_nodes = len(tasks_for(cfg))
     strategy = ThetaAverage(cfg, checkpointer, start_round, num_nodes)
+    strategy.server_state = checkpointer.server_state(start_round)
     _wait_for_nodes(grid, num_nodes, cfg.federation.min_clients)
     # plain FedNL, or under the run's privacy settings (Flower's DP wrappers, SecAgg+)
     run_rounds(grid, strategy, theta, cfg.train.rounds - start_round, cfg, num_nodes)

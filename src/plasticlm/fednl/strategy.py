@@ -16,6 +16,7 @@ from plasticlm.fednl.aggregators import robust_aggregate
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.messages import arrays_problem, pack_theta, unpack_theta
+from plasticlm.fednl.sections import SERVER_OPTIMIZERS
 
 log = logging.getLogger("plasticlm.fednl")
 
@@ -38,6 +39,11 @@ class ThetaAverage(FedAvg):
         self.num_nodes = num_nodes
         self.reference: dict[str, torch.Tensor] = {}
         self.record: dict = {}
+        # the server optimiser and its state after the last committed round (resumed from
+        # the checkpoint by server_main); a round's new state is kept until it commits
+        self.server_opt = SERVER_OPTIMIZERS[cfg.aggregation.server_opt](cfg.aggregation)
+        self.server_state: dict[str, torch.Tensor] = {}
+        self.pending_state: dict[str, torch.Tensor] = {}
 
     def _send(self, server_round, arrays, config, grid, kind):
         # the round only: the run config reached every node once, as Flower's run config
@@ -148,11 +154,21 @@ class ThetaAverage(FedAvg):
                 f"min_clients={self.cfg.federation.min_clients} (problems: {self.record.get('rejected', [])}, "
                 f"missing: {self.record['missing_train']}); the checkpoint of round "
                 f"{self.record['round'] - 1} is intact, rerun with --resume")
+        proposed = {}
+
+        def server_step(delta: torch.Tensor) -> torch.Tensor:
+            step, proposed["state"] = self.server_opt.propose(delta, self.server_state,
+                                                              self.record["round"])
+            return step
+
         theta, info = robust_aggregate(
             [theta for _, theta in valid],
             [float(m.content["metrics"]["num-examples"]) for m in ok], self.reference,
-            self.cfg.aggregation, max_examples=self.cfg.data.max_train)
+            self.cfg.aggregation, max_examples=self.cfg.data.max_train,
+            server_step=server_step)
         self.record["aggregation"] = info
+        # a refused round leaves the optimiser's state as it was
+        self.pending_state = self.server_state if "refused" in info else proposed["state"]
         if "refused" in info:
             log.warning("round %s: aggregate refused, the previous theta is kept: %s",
                         self.record["round"], info["refused"])
@@ -194,7 +210,8 @@ class ThetaAverage(FedAvg):
         rec["seconds"] = time.time() - rec.pop("t0")
         fed = [c["fed_acc"] for c in rec["clients"].values() if "fed_acc" in c]
         rec["mean_fed_acc"] = sum(fed) / len(fed) if fed else float("nan")
-        self.checkpointer.commit(rec["round"], self.aggregate, rec)
+        self.checkpointer.commit(rec["round"], self.aggregate, rec, self.pending_state)
+        self.server_state = self.pending_state
         log.info(progress_line(rec, self.cfg))
         return MetricRecord({"mean-fed-acc": rec["mean_fed_acc"]})
 

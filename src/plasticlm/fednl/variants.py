@@ -13,10 +13,12 @@ from typing import Any, Literal
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.central import finished_run, train_central
+from plasticlm.fednl.checkpoint import client_state_root, load_client_state
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.sections import (
+    METHODS,
     DataConfig,
     EvalConfig,
     FederationConfig,
@@ -37,6 +39,8 @@ SPLITS = {"niah": "niah", "openbook": "openbook"}
 PAPER_BASELINES = ("fedprox", "fedala", "fedssi")
 # issue 41's yardstick: the same theta trained centrally on the clients' data pooled
 CENTRAL = "fednl, central (pooled)"
+# the nested split: scored per client with its own gate (client_theta)
+PERSONAL_GATE = "fednl, personal gate"
 
 
 @dataclass(frozen=True)
@@ -144,11 +148,22 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
             # the paper's NIAH baselines, windowed like FedAvg (the same theta budget: LoRA)
             *([_row(m, m) for m in PAPER_BASELINES]
               if cfg.experiment == "niah" else []),
-            # issue 41's yardstick and lever: the same theta and steps with the seven tasks
-            # pooled centrally, and the federation given three times the rounds
+            # issue 41's yardstick and levers against task conflict: the same theta and steps
+            # with the seven tasks pooled centrally; the federation given three times the
+            # rounds; the nested split (each client's gate kept on the client); four times
+            # the memory's LoRA rank at the same scale; server optimisers (Flower's FedAvgM
+            # and FedAdam; FedAdam's lr puts its first step at ~3x the median value's move in
+            # a FedAvg round, 0.0025 here)
             *([Variant(CENTRAL, (("method.name", "fednl"),), central=True),
                _row("fednl, 3x rounds", "fednl",
-                    **{"train.rounds": 3 * cfg.run.train.rounds})]
+                    **{"train.rounds": 3 * cfg.run.train.rounds}),
+               _row(PERSONAL_GATE, "fednl-personal"),
+               _row("fednl, LoRA rank x4", "fednl",
+                    **{"method.lora_rank": 4 * cfg.run.method.lora_rank,
+                       "method.lora_alpha": 4 * cfg.run.method.lora_alpha}),
+               _row("fednl, FedAvgM", "fednl", **{"aggregation.server_opt": "avgm"}),
+               _row("fednl, FedAdam", "fednl", **{"aggregation.server_opt": "adam",
+                                                  "aggregation.server_lr": 1e-2})]
               if cfg.experiment == "niah" else []),
             Variant("fedavg LoRA, full attention", (("method.name", "fedavg"), *full.items())),
             _row("untrained, window", "fedavg", trained=False),
@@ -186,3 +201,12 @@ def trained_model(fcfg: FedNLConfig, trained: bool, progress: bool = True,
     theta = load_tensors(sorted(run_dir.glob("round_*/theta.safetensors"))[-1], "FedNL theta")
     set_theta(model, theta)
     return model, tok, json.loads((run_dir / "summary.json").read_text())
+
+
+def client_theta(fcfg: FedNLConfig, pid: int, global_theta: dict) -> dict:
+    """The theta client ``pid`` of ``fcfg``'s finished Flower run answers with: the global
+    theta, with the client's own share from its state after the last round where the method
+    keeps one (``fednl-personal``'s gate)."""
+    folder = Path(client_state_root(fcfg, Path(fcfg.outputs.out) / fcfg.name)) / f"client{pid}"
+    return METHODS[fcfg.method.name]().personalise(
+        global_theta, load_client_state(folder, fcfg.train.rounds))
