@@ -122,3 +122,10 @@ def test_the_experiment_table_scores_each_client_with_its_own_gate(run, monkeypa
         own = {k[len("personal."):]: v for k, v in client_state(run_dir, pid, 2).items()}
         assert distance(gate, own) == 0.0, f"client {pid} was scored without its own gate"
         assert distance(rules, split(final)[1]) == 0.0
+
+
+def test_the_nested_split_is_refused_without_a_window_at_load():
+    from plasticlm.errors import PlasticError
+
+    with pytest.raises(PlasticError, match="needs an attention window"):
+        from_dict(FedNLConfig, {"method": {"name": "fednl-personal", "window": 0}})

@@ -110,3 +110,14 @@ def test_a_resumed_run_continues_the_same_trajectory(avgm_run, tmp_path_factory)
     resumed, _, _, _ = federate(tmp_path_factory, one, COUNTS)
     federate(tmp_path_factory, AVGM, COUNTS, run_dir=resumed)
     assert distance(committed(resumed, 2), committed(run_dir, 2)) < 1e-5
+
+
+def test_central_dp_with_a_server_optimiser_is_refused_at_load():
+    """Flower's DP wrapper noises theta after the server's step: momentum would carry
+    earlier rounds' updates without their noise."""
+    from plasticlm.errors import PlasticError
+
+    with pytest.raises(PlasticError, match="server_opt=avgm would keep earlier rounds"):
+        from_dict(FedNLConfig, {"privacy": {"mode": "central-fixed"},
+                                "aggregation": {"server_opt": "avgm"}})
+    from_dict(FedNLConfig, {"privacy": {"mode": "central-fixed"}})   # FedAvg: as before

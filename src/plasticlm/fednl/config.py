@@ -21,6 +21,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.fednl import aggregators, methods, server_opt  # noqa: F401 - they register
 from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
 from plasticlm.fednl.sections import (
+    METHODS,
     AggregationConfig,
     DataConfig,
     EvalConfig,
@@ -58,17 +59,18 @@ class FedNLConfig:
         if self.train.segment_tokens and self.method.window == 0:
             raise PlasticError("train.segment_tokens carries a windowed state across "
                                "segments: use method.window > 0")
-        if self.method.name == "fednl" and self.method.window == 0:
+        if METHODS[self.method.name].memory and self.method.window == 0:
             raise PlasticError("fednl needs an attention window (method.window > 0): the "
                                "memory holds what falls out of it")
-        problem = privacy_problem(self.privacy, self.aggregation.rule, self.aggregation.clip)
+        problem = privacy_problem(self.privacy, self.aggregation.rule, self.aggregation.clip,
+                                  server_opt=self.aggregation.server_opt)
         if problem:
             raise PlasticError(problem)
 
     def gate_warning(self) -> str | None:
         """A warning when the training budget cannot move fednl's gate logits by 1 (Adam
         moves a parameter by at most about lr per step), else None."""
-        if self.method.name != "fednl":
+        if not METHODS[self.method.name].memory:
             return None
         t = self.train
         reach = t.gate_lr * t.local_steps * t.rounds

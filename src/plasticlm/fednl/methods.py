@@ -84,6 +84,8 @@ class FedMethod:
 
     A new method is one subclass here, decorated ``@METHODS.register("name")``."""
 
+    memory = False   # whether theta is FedNL's memory (which needs an attention window)
+
     def prepare(self, model: nn.Module, cfg: MethodConfig, memory: MemoryOptions) -> nn.Module:
         model = _windowed(model, cfg)
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
@@ -128,6 +130,8 @@ def _windowed(model: nn.Module, cfg: MethodConfig) -> nn.Module:
 @METHODS.register("fednl")
 class FedNL(FedMethod):
     """theta = the memory's meta-parameters (LoRA for the memory's q/k/v, beta, gate)."""
+
+    memory = True
 
     def prepare(self, model, cfg, memory):
         layers = memory.layers

@@ -73,9 +73,9 @@ class PrivacyConfig:
 
 
 def privacy_problem(privacy: PrivacyConfig, rule: str, clip: float,
-                    clients: int | None = None) -> str | None:
-    """Why ``privacy`` cannot run with the aggregation ``rule`` and relative ``clip`` (and,
-    when known, over ``clients`` clients), or None."""
+                    clients: int | None = None, server_opt: str = "none") -> str | None:
+    """Why ``privacy`` cannot run with the aggregation ``rule``, relative ``clip`` and
+    ``server_opt`` (and, when known, over ``clients`` clients), or None."""
     if privacy.secagg:
         if rule != "mean":
             return (f"aggregation.rule={rule} needs each client's update, which "
@@ -96,4 +96,10 @@ def privacy_problem(privacy: PrivacyConfig, rule: str, clip: float,
             return (f"privacy.mode={privacy.mode} calibrates its noise to the mean of the "
                     f"clipped updates; aggregation.rule={rule} is not a mean: use "
                     "aggregation.rule=mean")
+        if server_opt != "none":
+            # Flower's DP wrapper adds the noise after the inner strategy's step, so the
+            # optimiser's moments would carry earlier rounds' updates without their noise
+            return (f"privacy.mode={privacy.mode} adds its noise after the server's step: "
+                    f"aggregation.server_opt={server_opt} would keep earlier rounds' updates "
+                    "un-noised in its moments; use aggregation.server_opt=none")
     return None

@@ -178,7 +178,7 @@ def run_rounds(grid, strategy: ThetaAverage, theta: dict[str, torch.Tensor], num
                cfg: FedNLConfig, num_nodes: int) -> None:
     """The run's remaining rounds under its privacy settings (plain FedNL for none)."""
     problem = privacy_problem(cfg.privacy, cfg.aggregation.rule, cfg.aggregation.clip,
-                              num_nodes)
+                              num_nodes, cfg.aggregation.server_opt)
     if problem:
         raise PlasticError(problem)
     if cfg.privacy.secagg:
