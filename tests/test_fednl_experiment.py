@@ -507,6 +507,39 @@ def test_baseline_gap_line_gives_fednl_minus_each_paper_baseline():
     assert "FedNL minus each" not in accuracy_table(no_baseline, {"runs": runs})
 
 
+def test_lever_line_gives_each_fednl_variant_minus_fednl():
+    """What each lever moved: the row minus FedNL at the same budget, paired on the items;
+    the central yardstick and the untrained control are not levers."""
+    from plasticlm.fednl.experiment import accuracy_table
+    from plasticlm.fednl.variants import ExperimentConfig
+
+    cfg = ExperimentConfig(experiment="niah", seeds=3,
+                           rows=("fednl", "fednl, 3x rounds", "fednl, FedAvgM",
+                                 "fednl, central (pooled)", "fednl, untrained memory"))
+    n = 200
+
+    def run(right):
+        return {"correct": [1.0 if i < right else 0.0 for i in range(n)],
+                "groups": list(range(n)), "theta_bytes": 1000, "central_steps": 252}
+
+    runs = {}
+    for s in range(3):
+        runs[f"fednl|{s}"] = run(60 + s)
+        runs[f"fednl, 3x rounds|{s}"] = run(80 + s)     # +10 points in every seed
+        runs[f"fednl, FedAvgM|{s}"] = run(60 + s)       # the same answers
+        runs[f"fednl, central (pooled)|{s}"] = run(90)
+        runs[f"fednl, untrained memory|{s}"] = run(50)
+        runs[f"fedavg LoRA, window|{s}"] = run(50)
+    lines = accuracy_table(cfg, {"runs": runs}).splitlines()
+    line = next(x for x in lines if x.startswith("Each FedNL variant minus 'fednl'"))
+    rounds, avgm = line.split(": ", 1)[1].split("; ")
+    assert rounds.startswith("fednl, 3x rounds 10.0 [") and rounds.endswith("better")
+    assert avgm.startswith("fednl, FedAvgM 0.0 [") and avgm.endswith("no difference.")
+    assert "central" not in line and "untrained" not in line
+    alone = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl",))
+    assert "Each FedNL variant" not in accuracy_table(alone, {"runs": runs})
+
+
 def test_central_gap_line_pairs_each_federated_fednl_row_with_the_yardstick():
     from plasticlm.fednl.experiment import accuracy_table
     from plasticlm.fednl.variants import ExperimentConfig

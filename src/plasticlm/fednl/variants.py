@@ -151,9 +151,9 @@ def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
             # issue 41's yardstick and levers against task conflict: the same theta and steps
             # with the seven tasks pooled centrally; the federation given three times the
             # rounds; the nested split (each client's gate kept on the client); four times
-            # the memory's LoRA rank at the same scale; server optimisers (Flower's FedAvgM
-            # and FedAdam; FedAdam's lr puts its first step at ~3x the median value's move in
-            # a FedAvg round, 0.0025 here)
+            # the memory's LoRA rank at the same scale; server optimisers (Flower's FedAvgM;
+            # FedAdam at lr 1e-2 and tau 1e-3 moves a value of the median FedAvg move, 0.0025
+            # a round here, by about 0.0015 in round 1, and the gate's larger moves far less)
             *([Variant(CENTRAL, (("method.name", "fednl"),), central=True),
                _row("fednl, 3x rounds", "fednl",
                     **{"train.rounds": 3 * cfg.run.train.rounds}),
