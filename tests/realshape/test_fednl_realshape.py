@@ -54,6 +54,30 @@ def _client_round(shape, model, tokenizer, spec_of):
     assert len(scores) == len(task.test) and set(scores) <= {0.0, 1.0}
 
 
+def test_the_nested_split_keeps_each_layers_gate_at_qwen3_shape(shape_model, spec_of):
+    """fednl-personal on Qwen3-0.6B's shape (its own q/k norms beside the memory's names):
+    exactly one gate per memory layer is personal; a round sends the received gates back,
+    keeps its trained ones, and answers with them."""
+    from plasticlm.fednl.methods import FedNLPersonal, is_personal
+
+    run = override(RUN, {"method.name": "fednl-personal", "train.gate_lr": 1.0})
+    model, tokenizer = shape_model("qwen3-0.6b")
+    torch.manual_seed(0)
+    model = prepare_model(model, run.method, run.memory)
+    start = {k: v.clone() for k, v in get_theta(model).items()}
+    personal = sorted(k for k in start if is_personal(k))
+    assert len(personal) == model.config.num_hidden_layers
+    assert all(k.endswith("gate_logit") for k in personal)
+    state: dict = {}
+    sent, _ = local_update(model, tokenizer, _tasks(spec_of("qwen3-0.6b"))[0], start, state,
+                           run, seed=0)
+    assert all(torch.equal(sent[k], start[k]) for k in personal)
+    assert any(not torch.equal(sent[k], start[k]) for k in sent if k not in personal)
+    own = FedNLPersonal().personalise(sent, state)
+    assert all(not torch.equal(own[k], start[k]) for k in personal)   # its trained gates
+    assert all(torch.equal(own[k], sent[k]) for k in sent if k not in personal)
+
+
 @pytest.mark.slow  # 33 s: two client processes, each building the model
 def test_one_flower_round_of_two_clients_at_qwen25_05b_shape(tmp_path, spec_of):
     name = "qwen2.5-0.5b"

@@ -2,9 +2,10 @@
 
 ``plasticlm fednl experiment NAME`` runs, for every seed, each variant of NAME as a real
 Flower federation (:func:`plasticlm.fednl.run.run_federated`), then scores the final global
-theta item by item on every client's held-out data, so that accuracies carry entity-clustered
-bootstrap intervals pooled over seeds and differences are paired on the same items
-(:mod:`plasticlm.eval.stats`).
+theta (each client with its own share of it where the method keeps one, as
+``fednl-personal`` keeps its gate) item by item on every client's held-out data, so that
+accuracies carry entity-clustered bootstrap intervals pooled over seeds and differences are
+paired on the same items (:mod:`plasticlm.eval.stats`).
 
 - ``mmlu``: closed-book, the five domain clients in the pre-training QA template.
 - ``niah``: seven NIAH clients (one task each), needle far beyond a W-token window.

@@ -14,8 +14,8 @@ mean, :mod:`plasticlm.fednl.aggregate`); they differ only in
 - what stays on the client: ``fednl-personal`` (the paper's nested split) keeps each
   client's gate (and memory norm) local and shares only the rules that write the memory.
 
-Personalised state (ALA weights, SI importances, previous local theta) is a flat
-``dict[str, Tensor]`` that the client keeps; it never travels.
+Personalised state (ALA weights, SI importances, previous local theta, fednl-personal's
+gate) is a flat ``dict[str, Tensor]`` that the client keeps; it never travels.
 """
 
 
