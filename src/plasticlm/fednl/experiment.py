@@ -42,6 +42,7 @@ from plasticlm.eval import (
 )
 from plasticlm.fednl.clients import closed_book_test, has_closed_book_pool
 from plasticlm.fednl.comm import run_comm_experiment
+from plasticlm.fednl.gap_lines import baseline_gaps, central_gaps, lever_gaps, variants_of_fednl
 from plasticlm.fednl.legacy import experiment_config
 from plasticlm.fednl.report import PAPER_CELLS
 from plasticlm.fednl.setup import tasks_for
@@ -201,61 +202,15 @@ def accuracy_table(cfg: ExperimentConfig, results: dict) -> str:
                     "leaves of the short-context skill; bootstrap over questions ('-': runs "
                     "scored before the column existed)" if book else ""))
     if CENTRAL in rows:
-        lines += ["", _central_gaps(rows)]
+        lines += ["", central_gaps(rows)]
     if "fednl" in rows and any(b in rows for b in PAPER_BASELINES):
-        lines += ["", _baseline_gaps(rows)]
-    if "fednl" in rows and _variants_of_fednl(rows):
-        lines += ["", _lever_gaps(rows)]
+        lines += ["", baseline_gaps(rows)]
+    if "fednl" in rows and variants_of_fednl(rows):
+        lines += ["", lever_gaps(rows)]
     if cfg.experiment == "niah" and all(has_tasks(row["runs"]) for row in rows.values()):
         lines += ["", "Per task (the paper's NIAH-7 table has a column per task):", "",
                   per_task_table(rows)]
     return "\n".join(lines)
-
-
-def _gap_cell(label: str, runs: list[dict], reference: list[dict]) -> str:
-    """``label``, then ``runs`` minus ``reference`` paired on the same items, with the seeds'
-    interval and the verdict."""
-    diff, over_seeds = paired_intervals([r["correct"] for r in runs],
-                                        [r["correct"] for r in reference],
-                                        [r["groups"] for r in runs])
-    return f"{label} {format_paired(diff, over_seeds)}, {verdict(diff, over_seeds=over_seeds)}"
-
-
-def _central_gaps(rows: dict[str, dict]) -> str:
-    """One line: each trained federated FedNL row minus the central pooled yardstick, paired
-    on the same items (issue 41 asks for federated within 5 pp of central)."""
-    central = rows[CENTRAL]["runs"]
-    federated = (["fednl"] if "fednl" in rows else []) + _variants_of_fednl(rows)
-    cells = [_gap_cell(label, rows[label]["runs"], central) for label in federated]
-    steps = central[0].get("central_steps", "?")
-    return (f"Federated minus '{CENTRAL}' ({steps} steps, the federation's total, on the "
-            "clients' data pooled), pp paired on the same items (seeds): " + "; ".join(cells)
-            + ".")
-
-
-def _baseline_gaps(rows: dict[str, dict]) -> str:
-    """One line: FedNL minus each of the paper's baselines that ran, paired on the same items
-    (the paper's own comparison: FedNL against its best baseline)."""
-    fednl = rows["fednl"]["runs"]
-    cells = [_gap_cell(b, fednl, rows[b]["runs"]) for b in PAPER_BASELINES if b in rows]
-    return ("FedNL minus each of the paper's baselines, pp paired on the same items (seeds): "
-            + "; ".join(cells) + ".")
-
-
-def _variants_of_fednl(rows: dict[str, dict]) -> list[str]:
-    """The trained federated rows that change one thing of FedNL (a lever or an ablation)."""
-    return [label for label, row in rows.items()
-            if label.startswith("fednl, ") and row["variant"].trained
-            and not row["variant"].central]
-
-
-def _lever_gaps(rows: dict[str, dict]) -> str:
-    """One line: each FedNL variant (a lever, an ablation) minus FedNL itself, paired on the
-    same items: what the one change moved."""
-    fednl = rows["fednl"]["runs"]
-    cells = [_gap_cell(label, rows[label]["runs"], fednl) for label in _variants_of_fednl(rows)]
-    return ("Each FedNL variant minus 'fednl' (what its one change moved), pp paired on the "
-            "same items (seeds): " + "; ".join(cells) + ".")
 
 
 def _closed_book_cell(runs: list[dict]) -> str:
