@@ -197,14 +197,21 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert "held-out MC" in out and "smoke run" in out
     # each stage beside its controls
     for row in ("| memory (FedNL theta) |", "| window + LoRA |", "| window, untrained |",
-                "| c2c, general fuser, specialist |", "| c2c, general fuser, control |",
+                "| b. hand-over (ceiling), oracle |", "| b. hand-over, receiver |",
+                "| c. cache regression on dev/val prompts, oracle |",
+                "| c. cache regression on dev/val prompts, receiver |",
                 "| (b) one update, passage entity |", "| (a) untouched, passage entity |",
                 "| (c) one update, paired entity never shown |"):
         assert row in out, row
     stages = [json.loads(x)["stage"] for x in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
-    assert stages[-6:] == ["sandbox", "memory", "fednl", "refine", "scol", "end"]
+    assert stages[-7:] == ["sandbox", "memory", "fednl", "refine", "scol", "headlines", "end"]
+    # each paper's headline beside this run's verdict, from the run's own intervals
+    for method in ("FedNL", "FedRefine", "SCoL"):
+        assert f"| {method} |" in out, method
+    headlines = json.loads((tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()[-2])
+    assert set(headlines["verdicts"]) == {"FedNL", "FedRefine", "SCoL"}
     page = tmp_path / "demo" / "report" / "index.html"
-    assert f"report: {page}" in out and out.rindex("report:") > out.rindex("| (b) one update")
+    assert f"report: {page}" in out and out.rindex("report:") > out.rindex("| SCoL |")
     html = page.read_text()
     for part in ("<h3>Sandbox</h3>", "<h3>Memory</h3>", "<h3>Fednl</h3>", "refine", "<h3>Scol</h3>",
                  "cpu seconds"):

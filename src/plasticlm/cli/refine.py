@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from plasticlm.cli.options import SIZE, add_config_options, add_runtime_options, load_from_args
 from plasticlm.cli.refine_ask import add_ask, add_registry, add_serve
@@ -70,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "heterogeneous specialist, each beside its control, with the "
                         "fraction of the ceiling it reaches.")
     q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer", "ladder"))
+    q.add_argument("--ship-oracle", action="store_true", help="ladder: then write the oracle "
+                   "taught in this run into the package (src/plasticlm/refine/shipped/oracle) "
+                   "with its SHA-256 manifest, what later runs take instead of teaching "
+                   "(maintainers; needs --set shipped_taught=false)")
     add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
                        "plasticlm.refine.ladder:TransferConfig",
                        "plasticlm.refine.rungs:LadderConfig", quick="refine/transfer-quick")
@@ -147,13 +152,32 @@ def _pretrain_fuser(args) -> int:
 def _experiment(args) -> int:
     from plasticlm.errors import PlasticError
 
+    if args.ship_oracle and args.which != "ladder":
+        raise PlasticError("--ship-oracle belongs to the ladder (plasticlm refine experiment "
+                           "ladder)")
     if args.which == "ladder":
         from plasticlm.refine.ladder_table import ladder_table, run_ladder
         from plasticlm.refine.rungs import LadderConfig
 
         args.quick_preset = "refine/ladder-quick"
         cfg = load_from_args(LadderConfig, args)
+        if args.ship_oracle and cfg.shipped_taught:
+            raise PlasticError("--ship-oracle ships an oracle taught here: add --set "
+                               "shipped_taught=false")
         print(ladder_table(run_ladder(cfg)))
+        if args.ship_oracle:
+            from pathlib import Path
+
+            from plasticlm.refine.peer import resolve_model
+            from plasticlm.refine.shipped_taught import weights_sha256, write_shipped_taught
+
+            base = weights_sha256(Path(resolve_model(cfg.receiver)[1]))
+            if base is None:
+                raise PlasticError(f"the receiver {cfg.receiver!r} is not a local model "
+                                   "folder: only a local oracle's base can be hashed")
+            dest = write_shipped_taught(Path(cfg.out) / "taught" / "oracle", base,
+                                        "plasticlm " + " ".join(sys.argv[1:]))
+            print(f"shipped oracle and manifest.json in {dest}")
         print(f"report: {write_report(cfg.out)[0]}")
         return 0
     if args.which == "transfer":

@@ -73,6 +73,10 @@ class TransferConfig:
     teach_lr: float = Field(1e-3, gt=0, description="learning rate of the fact drills")
     teach_replay: int = Field(4, ge=0, description="blocks of the world's general corpus "
                               "replayed per drill step")
+    shipped_taught: bool = Field(True, description="take the shipped taught oracle "
+                                 "(plasticlm.refine.shipped_taught) when it was taught from "
+                                 "the same weights, facts and drill settings; false teaches "
+                                 "it here (about 2.5 min on 2 cores)")
     inversion_texts: int = Field(400, gt=0, description="public texts the inversion "
                                  "attacker trains on")
     parties: tuple[str, ...] = Field(
@@ -97,9 +101,10 @@ class TransferConfig:
 
 def settings_key(cfg: TransferConfig) -> str:
     """The settings a stored score depends on (``rows``/``rungs``, ``seeds``, ``out`` and
-    ``progress`` aside: more seeds or rows extend a run)."""
+    ``progress`` aside: more seeds or rows extend a run; nor ``shipped_taught``: the shipped
+    oracle is the one taught here)."""
     kept = {k: v for k, v in dataclasses.asdict(cfg).items()
-            if k not in ("rows", "rungs", "seeds", "out", "progress")}
+            if k not in ("rows", "rungs", "seeds", "out", "progress", "shipped_taught")}
     return json.dumps(kept, sort_keys=True, default=str)
 
 

@@ -73,6 +73,10 @@ class LadderConfig:
     teach_steps: int = Field(500, gt=0, description="fact drills that make the oracle")
     teach_lr: float = Field(1e-3, gt=0, description="learning rate of the fact drills")
     teach_replay: int = Field(4, ge=0, description="corpus blocks replayed per drill step")
+    shipped_taught: bool = Field(True, description="take the shipped taught oracle "
+                                 "(plasticlm.refine.shipped_taught) when it was taught from "
+                                 "the same weights, facts and drill settings; false teaches "
+                                 "it here (about 2.5 min on 2 cores)")
     rungs: tuple[Rung, ...] = Field(RUNGS, description="which rungs run (alone always does)")
     out: str = Field("runs/refine-ladder", description="run folder")
     progress: bool = Field(True, description="show progress bars and log rows")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 from plasticlm.eval import qa_continuation, qa_prompt
@@ -18,23 +19,37 @@ from plasticlm.refine.leakage import learned_inversion
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.objectives import needs_teacher
-from plasticlm.refine.peer import Peer, load_peer
+from plasticlm.refine.peer import Peer, load_peer, resolve_model
 from plasticlm.refine.rephrase import rule_rephrase
+from plasticlm.refine.shipped_taught import copy_shipped, shipped_taught, weights_sha256
 from plasticlm.runtime import pick_dtype
 from plasticlm.sandbox import teach_facts
 from plasticlm.sandbox.pretrain import save_model_atomic
+
+log = logging.getLogger("plasticlm.refine")
 
 
 def taught_peer(run: Path, spec: str, name: str, facts: list[tuple[str, str]],
                 cfg: TransferConfig, corpus: list[str]) -> Peer:
     """``spec``'s model taught ``facts`` (prompt, answer) by drills, saved once in
-    ``run/taught/name`` and reused while the facts and drill settings are the same;
-    ``taught.json`` records the corpus loss before and after (did it keep the language?)."""
+    ``run/taught/name`` and reused while the facts and drill settings are the same (the
+    shipped copy, :mod:`plasticlm.refine.shipped_taught`, when it was taught from the same
+    weights); ``taught.json`` records the corpus loss before and after (did it keep the
+    language?)."""
     folder = run / "taught" / name
     key = hashlib.sha256(json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
                                      "lr": cfg.teach_lr, "replay": cfg.teach_replay},
                                     sort_keys=True).encode()).hexdigest()
     stamp = folder / "taught.json"
+    if cfg.shipped_taught and not (stamp.exists()
+                                   and json.loads(stamp.read_text()).get("key") == key):
+        shipped = shipped_taught(name, key, weights_sha256(Path(resolve_model(spec)[1])))
+        if shipped is not None:   # taught from these very weights with these facts: no drills
+            copy_shipped(shipped, folder)
+            stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "shipped": True})
+                             + "\n")
+            log.info("taught %r: the shipped copy (taught from the same weights and facts, "
+                     "checked against its SHA-256 manifest)", name)
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
         model, tok = load_causal_lm(folder)
         return Peer(name, model, tok)

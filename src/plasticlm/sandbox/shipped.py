@@ -152,6 +152,13 @@ def _version(name: str) -> str:
         return "not installed"
 
 
+def shipping_facts() -> dict:
+    """What a manifest records of the machine that wrote a shipped copy: Python, platform and
+    the versions of the libraries that made the weights."""
+    return {"python": sys.version.split()[0], "platform": platform.platform(),
+            "versions": {name: _version(name) for name in _VERSIONED}}
+
+
 def write_shipped(preset: str, source: Path, member_keys: dict[str, str], command: str,
                   report: dict) -> Path:
     """Copy the pre-trained family in ``source`` into the package (``family/<preset>``) with
@@ -166,8 +173,7 @@ def write_shipped(preset: str, source: Path, member_keys: dict[str, str], comman
     manifest = {
         "preset": preset, "sandbox_version": report.get("sandbox_version"),
         "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "versions": {name: _version(name) for name in _VERSIONED},
+        **shipping_facts(),
         "machine": report.get("machine"), "torch_threads": report.get("torch_threads"),
         "pretrain_seconds": report.get("total_seconds"),
         "pretrain_cpu_seconds": report.get("total_cpu_seconds"),
