@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from browser_page import BROWSER, rendered_counts
 
 from plasticlm.cli import COMMANDS, build_parser, main
 from plasticlm.config import Field, configclass, field_docs, load_config, parse_value, preset_path
@@ -217,6 +218,10 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
                  "cpu seconds"):
         assert part in html, part
     assert html.count("data:image/png;base64,") == 3   # one figure per method
+    if BROWSER:   # the demo's own page, rendered: every plot decodes, no error, no overflow
+        counts = rendered_counts(page)
+        assert counts["images-rendered"] == counts["images"] == 3
+        assert counts["errors"] == 0 and counts["overflowing"] == 0
     # the stages' tables in the order they ran, not alphabetical
     order = [html.index(f"<h3>{t}</h3>") for t in ("Sandbox", "Memory", "Fednl", "Scol")]
     assert order == sorted(order)

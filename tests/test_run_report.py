@@ -2,11 +2,10 @@
 by a real browser when one is installed."""
 
 import json
-import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest
+from browser_page import BROWSER, NO_BROWSER, rendered_counts
 
 from plasticlm.cli import main
 from plasticlm.errors import PlasticError
@@ -84,22 +83,14 @@ def test_report_errors_say_what_to_give(tmp_path):
     assert main(["report", str(tmp_path / "nope")]) == 2
 
 
-BROWSER = shutil.which("chromium-headless-shell") or shutil.which("chromium")
-
-
-@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium (CI installs "
-                    "chromium-headless-shell from Debian; apt-get install it to run this)")
+@pytest.mark.skipif(BROWSER is None, reason=NO_BROWSER)
 def test_a_browser_renders_every_table_and_plot(run_dir):
     page, _ = write_report(run_dir)
-    dom = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu",
-                          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout
-    check = Count()
-    check.feed(dom)
-    assert 'data-tables="3"' in dom and 'data-images="2"' in dom
-    assert 'data-images-rendered="2"' in dom, "a plot did not decode in the browser"
-    assert 'data-errors="0"' in dom, "the page raised a script error"
-    assert 'data-overflowing="0"' in dom, "an element sticks out of the page"
+    counts = rendered_counts(page)
+    assert counts["tables"] == 3 and counts["images"] == 2
+    assert counts["images-rendered"] == 2, "a plot did not decode in the browser"
+    assert counts["errors"] == 0, "the page raised a script error"
+    assert counts["overflowing"] == 0, "an element sticks out of the page"
 
 
 def test_report_leaves_out_model_folders_and_follows_the_run_order(run_dir):

@@ -53,7 +53,8 @@ _STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+th { background: #f3f3f3; }
+img { max-width: 100%; box-sizing: border-box; border: 1px solid #eee; margin: 0.5em 0; }
 .wide { overflow-x: auto; max-width: 100%; } code { overflow-wrap: anywhere; }
 pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
 section { border-top: 2px solid #ddd; margin-top: 2em; } .meta td:first-child { font-weight: 600; }
