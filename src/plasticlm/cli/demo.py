@@ -140,11 +140,12 @@ def _refine(run, preset: str, quick: bool) -> dict:
     from plasticlm.refine.ladder_table import ladder_table, run_ladder
     from plasticlm.refine.rungs import LABELS, LadderConfig
 
+    oracle = "taught here in a few drills" if quick else "shipped, checked by SHA-256"
     print("== 5. FedRefine: a fuser carries what the transmitter knows to entities it never "
           "trained on. The transmitter (the oracle) is the receiver taught every specialist "
-          "fact (shipped, checked by SHA-256); the ceiling hands its cache over untouched; a "
-          "C2C fuser trained to reproduce that cache on dev/val prompts (rung c), one seed, "
-          "beside the same fuser from a transmitter that knows nothing (the control) ==")
+          f"fact ({oracle}); the ceiling hands its cache over untouched; a C2C fuser trained "
+          "to reproduce that cache on dev/val prompts (rung c), one seed, beside the same "
+          "fuser from a transmitter that knows nothing (the control) ==")
     sizes = ([] if quick else [f"receiver={preset}:receiver", f"specialist={preset}:specialist",
                                f"control={preset}:transmitter-llama"])
     cfg = load_config(LadderConfig, None,
