@@ -92,3 +92,17 @@ def test_the_packaged_oracle_matches_its_manifest_and_was_taught_from_the_shippe
     family = read_manifest(shipped_dir("sandbox"))
     assert manifest["base_sha256"] == family["files"]["receiver/model.safetensors"]["sha256"]
     assert "--ship-oracle" in manifest["command"] and "shipped_taught=false" in manifest["command"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--quick", "--set", "shipped_taught=false"],
+                                   ["--set", "shipped_taught=false", "--set",
+                                    "receiver=quick:receiver"]])
+def test_ship_oracle_is_refused_before_any_work_unless_the_sandbox_oracle_is_taught_here(
+        tmp_path, capsys, extra):
+    from plasticlm.cli import main
+
+    out = tmp_path / "run"
+    assert main(["refine", "experiment", "ladder", "--ship-oracle", "--set", f"out={out}",
+                 *extra]) == 2
+    assert "--ship-oracle ships the sandbox receiver's oracle" in capsys.readouterr().err
+    assert not out.exists()

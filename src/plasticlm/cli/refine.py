@@ -161,9 +161,10 @@ def _experiment(args) -> int:
 
         args.quick_preset = "refine/ladder-quick"
         cfg = load_from_args(LadderConfig, args)
-        if args.ship_oracle and cfg.shipped_taught:
-            raise PlasticError("--ship-oracle ships an oracle taught here: add --set "
-                               "shipped_taught=false")
+        if args.ship_oracle and (cfg.shipped_taught or cfg.receiver != "sandbox:receiver"):
+            raise PlasticError("--ship-oracle ships the sandbox receiver's oracle taught here: "
+                               "give --set shipped_taught=false and no other receiver (and "
+                               "not --quick)")
         print(ladder_table(run_ladder(cfg)))
         if args.ship_oracle:
             from pathlib import Path
