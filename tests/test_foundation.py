@@ -196,6 +196,7 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "held-out MC" in out and "smoke run" in out
+    assert "the oracle: taught in this run" in out     # the quick receiver has no shipped copy
     # each stage beside its controls
     for row in ("| memory (FedNL theta) |", "| window + LoRA |", "| window, untrained |",
                 "| b. hand-over (ceiling), oracle |", "| b. hand-over, receiver |",

@@ -12,6 +12,7 @@ import plasticlm.refine.shipped_taught as shipped_module
 import plasticlm.refine.taught as taught_module
 from plasticlm.errors import PlasticError
 from plasticlm.models import build_tiny, train_bpe_tokenizer
+from plasticlm.refine.ladder import Ladder, TransferConfig
 from plasticlm.refine.rungs import LadderConfig
 from plasticlm.refine.shipped_taught import (
     SHIPPED_TAUGHT,
@@ -19,7 +20,7 @@ from plasticlm.refine.shipped_taught import (
     weights_sha256,
     write_shipped_taught,
 )
-from plasticlm.refine.taught import taught_peer
+from plasticlm.refine.taught import Facts, taught_peer, teaching_key
 from plasticlm.sandbox.pretrain import save_model_atomic
 from plasticlm.sandbox.shipped import mismatches, read_manifest, shipped_dir
 
@@ -58,13 +59,21 @@ def test_a_shipped_taught_model_is_taken_only_for_its_facts_and_base_weights(tmp
     for a, b in zip(peer.model.state_dict().values(), taught.model.state_dict().values()):
         assert torch.equal(a.float(), b.float())
     assert json.loads((tmp_path / "b/taught/oracle/taught.json").read_text())["shipped"]
+    taught_peer(tmp_path / "b", base, "oracle", FACTS, shipped, CORPUS)   # kept in the run
+    assert drills == []
     taught_peer(tmp_path / "c", base, "oracle", FACTS[:2], shipped, CORPUS)   # other facts
     assert drills == [1]
     taught_peer(tmp_path / "d", base, "oracle", FACTS, here, CORPUS)          # asked to teach
     assert drills == [1, 1]
+    # asked to teach where the run holds the shipped copy: taught, over the copy
+    taught_peer(tmp_path / "b", base, "oracle", FACTS, here, CORPUS)
+    assert drills == [1, 1, 1]
+    assert "shipped" not in json.loads((tmp_path / "b/taught/oracle/taught.json").read_text())
+    taught_peer(tmp_path / "b", base, "oracle", FACTS[:2], shipped, CORPUS)   # a new key, again
+    assert drills == [1, 1, 1, 1]
     _base(tmp_path / "base", seed=1)             # the same spec, other weights: taught again
     taught_peer(tmp_path / "e", base, "oracle", FACTS, shipped, CORPUS)
-    assert drills == [1, 1, 1]
+    assert drills == [1, 1, 1, 1, 1]
 
 
 def test_a_shipped_file_that_differs_from_its_hash_is_refused(tmp_path):
@@ -72,14 +81,28 @@ def test_a_shipped_file_that_differs_from_its_hash_is_refused(tmp_path):
     src.mkdir(parents=True)
     (src / "taught.json").write_text(json.dumps({"key": "k"}))
     (src / "model.safetensors").write_bytes(b"weights!")
+    base, other = tmp_path / "base", tmp_path / "other"
+    for folder, weights in ((base, b"base"), (other, b"other")):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(weights)
     root = tmp_path / "shipped"
-    folder = write_shipped_taught(src, "base", "test", root=root)
-    assert shipped_taught("oracle", "k", "base", root) == folder
-    assert shipped_taught("oracle", "other key", "base", root) is None
-    assert shipped_taught("oracle", "k", "other base", root) is None
+    folder = write_shipped_taught(src, weights_sha256(base), "test", root=root)
+    assert shipped_taught("oracle", "k", base, root) == folder
+    assert shipped_taught("oracle", "other key", base, root) is None
+    assert shipped_taught("oracle", "k", other, root) is None
+    assert shipped_taught("no such model", "k", base, root) is None
     (folder / "model.safetensors").write_bytes(b"weights?")           # same size, other bytes
     with pytest.raises(PlasticError, match="does not match its manifest"):
-        shipped_taught("oracle", "k", "base", root)
+        shipped_taught("oracle", "k", base, root)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for broken in ({**manifest, "files": {"../escape": manifest["files"]["taught.json"]}},
+                   {k: v for k, v in manifest.items() if k != "base_sha256"}):
+        (folder / "manifest.json").write_text(json.dumps(broken))
+        with pytest.raises(PlasticError, match="malformed"):
+            shipped_taught("oracle", "k", base, root)
+    (folder / "manifest.json").write_text("{not json")
+    with pytest.raises(PlasticError, match="unreadable"):
+        shipped_taught("oracle", "k", base, root)
     (src / "taught.json").write_text(json.dumps({"key": "k", "shipped": True}))
     with pytest.raises(PlasticError, match="not taught here"):     # a copy is not re-shipped
         write_shipped_taught(src, "base", "test", root=root)
@@ -92,6 +115,16 @@ def test_the_packaged_oracle_matches_its_manifest_and_was_taught_from_the_shippe
     family = read_manifest(shipped_dir("sandbox"))
     assert manifest["base_sha256"] == family["files"]["receiver/model.safetensors"]["sha256"]
     assert "--ship-oracle" in manifest["command"] and "shipped_taught=false" in manifest["command"]
+
+
+@pytest.mark.parametrize("config", [LadderConfig, TransferConfig])
+def test_the_default_ladder_and_transfer_teach_the_packaged_oracle(tmp_path, config):
+    """The packaged oracle is what the default ladder and transfer runs (and the demo) would
+    teach: their teaching key is the manifest's (else they would silently teach it again)."""
+    cfg = config(out=str(tmp_path / "run"), progress=False)
+    lad = Ladder(cfg)
+    assert (teaching_key(cfg.receiver, Facts(lad).facts, cfg)
+            == read_manifest(SHIPPED_TAUGHT / "oracle")["key"])
 
 
 @pytest.mark.parametrize("extra", [[], ["--quick", "--set", "shipped_taught=false"],

@@ -140,12 +140,11 @@ def _refine(run, preset: str, quick: bool) -> dict:
     from plasticlm.refine.ladder_table import ladder_table, run_ladder
     from plasticlm.refine.rungs import LABELS, LadderConfig
 
-    oracle = "taught here in a few drills" if quick else "shipped, checked by SHA-256"
     print("== 5. FedRefine: a fuser carries what the transmitter knows to entities it never "
           "trained on. The transmitter (the oracle) is the receiver taught every specialist "
-          f"fact ({oracle}); the ceiling hands its cache over untouched; a C2C fuser trained "
-          "to reproduce that cache on dev/val prompts (rung c), one seed, beside the same "
-          "fuser from a transmitter that knows nothing (the control) ==")
+          "fact; the ceiling hands its cache over untouched; a C2C fuser trained to reproduce "
+          "that cache on dev/val prompts (rung c), one seed, beside the same fuser from the "
+          "receiver itself, which knows none of the facts (the control) ==")
     sizes = ([] if quick else [f"receiver={preset}:receiver", f"specialist={preset}:specialist",
                                f"control={preset}:transmitter-llama"])
     cfg = load_config(LadderConfig, None,
@@ -153,6 +152,11 @@ def _refine(run, preset: str, quick: bool) -> dict:
                        f"out={run.path / 'refine'}", f"progress={str(not quick).lower()}"],
                       preset=preset_path("refine", "ladder-quick") if quick else None)
     report = run_ladder(cfg)
+    stamp = json.loads((run.path / "refine" / "taught" / "oracle" / "taught.json").read_text())
+    print("the oracle: " + ("the shipped copy, checked against its SHA-256 manifest"
+                            if stamp.get("shipped") else
+                            f"taught in this run ({cfg.teach_steps} drills; no shipped copy "
+                            "was taught from this receiver)"))
     print(ladder_table(report))
     print("every rung over 3 seeds, the recipe on general data (89% of the ceiling) and the "
           "heterogeneous specialist (nothing beyond its control on the sandbox): `plasticlm "
@@ -226,7 +230,7 @@ def _headlines(run, fednl: dict, refine: dict, scol: dict) -> None:
              fednl, "federated NIAH-7: `plasticlm fednl experiment niah`"),
             ("FedRefine", f"four transmitters' caches: +{REFINE['multi_all_vs_alone_pct']}% "
              "over the receiver alone", "rung c (a trained fuser from the oracle) minus the "
-             "same fuser from a transmitter that knows nothing", refine["minus_control"],
+             "same fuser from the receiver, which knows none of the facts", refine["minus_control"],
              "heterogeneous transmitters: `plasticlm refine experiment ladder` (rung g)"),
             ("SCoL", f"SQuAD, 100 passages: immediate {100 * squad['immediate']:.2f}%, "
              f"retention {100 * squad['retention']:.2f}%", "one update of the last layer "

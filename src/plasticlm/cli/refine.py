@@ -165,6 +165,12 @@ def _experiment(args) -> int:
             raise PlasticError("--ship-oracle ships the sandbox receiver's oracle taught here: "
                                "give --set shipped_taught=false and no other receiver (and "
                                "not --quick)")
+        if args.ship_oracle:
+            from plasticlm.refine.shipped_taught import SHIPPED_TAUGHT, in_source_checkout
+
+            if not in_source_checkout():
+                raise PlasticError(f"--ship-oracle writes into a source checkout's package "
+                                   f"folder; {SHIPPED_TAUGHT} is an installed package")
         print(ladder_table(run_ladder(cfg)))
         if args.ship_oracle:
             from pathlib import Path

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
-from plasticlm.runs import write_text_atomic
+from plasticlm.runs import atomic_folder, write_text_atomic
 from plasticlm.sandbox.shipped import MANIFEST, mismatches, read_manifest, sha256, shipping_facts
 
 SHIPPED_TAUGHT = Path(__file__).parent / "shipped"
@@ -31,15 +31,34 @@ def weights_sha256(model_folder: Path) -> str | None:
     return sha256(path) if path.is_file() else None
 
 
-def shipped_taught(name: str, key: str, base_sha256: str | None,
+def _checked_manifest(folder: Path) -> dict:
+    """``folder``'s manifest, refused in one line unless it names the key, the base weights'
+    hash and plain file names including ``taught.json`` and ``model.safetensors``."""
+    try:
+        manifest = read_manifest(folder)
+    except (OSError, ValueError) as e:
+        raise PlasticError(f"the shipped taught model's manifest in {folder} is unreadable: "
+                           f"{e}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (not isinstance(files, dict) or not {"taught.json", "model.safetensors"} <= set(files)
+            or any(Path(rel).name != rel or rel in ("", ".", "..") for rel in files)
+            or not all(isinstance(manifest.get(k), str) for k in ("key", "base_sha256"))):
+        raise PlasticError(f"the shipped taught model's manifest in {folder} is malformed (it "
+                           "needs key, base_sha256 and plain file names with taught.json and "
+                           f"model.safetensors); restore it with `git checkout -- {folder}`")
+    return manifest
+
+
+def shipped_taught(name: str, key: str, base_folder: Path,
                    root: Path | None = None) -> Path | None:
-    """The shipped folder of taught model ``name`` when it was taught with ``key`` from base
-    weights ``base_sha256``; None otherwise. Refused when a file differs from its hash."""
+    """The shipped folder of taught model ``name`` when it was taught with ``key`` from the
+    weights in ``base_folder`` (hashed only when a manifest with that key exists); None
+    otherwise. Refused when the manifest is malformed or a file differs from its hash."""
     folder = (root or SHIPPED_TAUGHT) / name
-    manifest = read_manifest(folder)
-    if manifest is None or base_sha256 is None:
+    if not (folder / MANIFEST).is_file():
         return None
-    if manifest["key"] != key or manifest["base_sha256"] != base_sha256:
+    manifest = _checked_manifest(folder)
+    if manifest["key"] != key or manifest["base_sha256"] != weights_sha256(base_folder):
         return None
     bad = mismatches(folder, manifest)
     if bad:
@@ -51,11 +70,23 @@ def shipped_taught(name: str, key: str, base_sha256: str | None,
 
 
 def copy_shipped(folder: Path, dest: Path) -> None:
-    """Copy a checked shipped taught model into ``dest`` (a run's ``taught/NAME``)."""
-    manifest = read_manifest(folder)
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in manifest["files"]:
-        shutil.copyfile(folder / rel, dest / rel)
+    """Copy a checked shipped taught model into ``dest`` (a run's ``taught/NAME``) at once
+    (a crash leaves the old folder or the whole copy), its ``taught.json`` saying it is the
+    shipped copy."""
+    manifest = _checked_manifest(folder)
+    with atomic_folder(dest) as tmp:
+        for rel in manifest["files"]:
+            shutil.copyfile(folder / rel, tmp / rel)
+        stamp = json.loads((tmp / "taught.json").read_text())
+        (tmp / "taught.json").write_text(json.dumps({**stamp, "shipped": True}) + "\n")
+
+
+def in_source_checkout() -> bool:
+    """Whether the shipped folder lies in a source checkout (``src/plasticlm/refine``
+    beside a ``pyproject.toml``), where writing a new shipped copy is a maintainer's change
+    and not an edit of an installed package."""
+    src = SHIPPED_TAUGHT.parents[2]
+    return src.name == "src" and (src.parent / "pyproject.toml").is_file()
 
 
 def write_shipped_taught(source: Path, base_sha256: str, command: str,

@@ -21,12 +21,19 @@ from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer, load_peer, resolve_model
 from plasticlm.refine.rephrase import rule_rephrase
-from plasticlm.refine.shipped_taught import copy_shipped, shipped_taught, weights_sha256
+from plasticlm.refine.shipped_taught import copy_shipped, shipped_taught
 from plasticlm.runtime import pick_dtype
 from plasticlm.sandbox import teach_facts
 from plasticlm.sandbox.pretrain import save_model_atomic
 
 log = logging.getLogger("plasticlm.refine")
+
+
+def teaching_key(spec: str, facts: list[tuple[str, str]], cfg: TransferConfig) -> str:
+    """What a taught model depends on: the base model's spec, the facts and the drills."""
+    return hashlib.sha256(json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
+                                      "lr": cfg.teach_lr, "replay": cfg.teach_replay},
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def taught_peer(run: Path, spec: str, name: str, facts: list[tuple[str, str]],
@@ -37,20 +44,20 @@ def taught_peer(run: Path, spec: str, name: str, facts: list[tuple[str, str]],
     weights); ``taught.json`` records the corpus loss before and after (did it keep the
     language?)."""
     folder = run / "taught" / name
-    key = hashlib.sha256(json.dumps({"spec": spec, "facts": facts, "steps": cfg.teach_steps,
-                                     "lr": cfg.teach_lr, "replay": cfg.teach_replay},
-                                    sort_keys=True).encode()).hexdigest()
+    key = teaching_key(spec, facts, cfg)
     stamp = folder / "taught.json"
-    if cfg.shipped_taught and not (stamp.exists()
-                                   and json.loads(stamp.read_text()).get("key") == key):
-        shipped = shipped_taught(name, key, weights_sha256(Path(resolve_model(spec)[1])))
+    kept = json.loads(stamp.read_text()) if stamp.exists() else {}
+    # a copy of the shipped model does not count as taught here when teaching is asked for
+    if kept.get("key") != key or (kept.get("shipped") and not cfg.shipped_taught):
+        kept = {}
+        shipped = (shipped_taught(name, key, Path(resolve_model(spec)[1]))
+                   if cfg.shipped_taught else None)
         if shipped is not None:   # taught from these very weights with these facts: no drills
             copy_shipped(shipped, folder)
-            stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "shipped": True})
-                             + "\n")
+            kept = {"key": key}
             log.info("taught %r: the shipped copy (taught from the same weights and facts, "
                      "checked against its SHA-256 manifest)", name)
-    if stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
+    if kept:
         model, tok = load_causal_lm(folder)
         return Peer(name, model, tok)
     peer = load_peer(spec, dtype="float32")  # taught in float32: small steps vanish in bf16
