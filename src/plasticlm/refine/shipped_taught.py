@@ -19,7 +19,14 @@ from pathlib import Path
 
 from plasticlm.errors import PlasticError
 from plasticlm.runs import atomic_folder, write_text_atomic
-from plasticlm.sandbox.shipped import MANIFEST, mismatches, read_manifest, sha256, shipping_facts
+from plasticlm.sandbox.shipped import (
+    MANIFEST,
+    mismatches,
+    read_manifest,
+    sha256,
+    shipping_facts,
+    summarise_mismatches,
+)
 
 SHIPPED_TAUGHT = Path(__file__).parent / "shipped"
 _SKIPPED = (".plasticlm", MANIFEST)
@@ -62,9 +69,8 @@ def shipped_taught(name: str, key: str, base_folder: Path,
         return None
     bad = mismatches(folder, manifest)
     if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise PlasticError(f"the shipped taught model in {folder} does not match its manifest: "
-                           f"{shown}; restore the repository's copy (`git checkout -- "
+                           f"{summarise_mismatches(bad)}; restore the repository's copy (`git checkout -- "
                            f"{folder}`) or delete the folder to teach it again")
     return folder
 

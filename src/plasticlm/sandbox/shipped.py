@@ -69,8 +69,13 @@ def mismatches(folder: Path, manifest: dict) -> list[str]:
     return bad
 
 
+def summarise_mismatches(bad: list[str]) -> str:
+    """The first three of :func:`mismatches`' files, and how many more."""
+    return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+
+
 def _refusal(where: Path, bad: list[str], preset: str, fix: str) -> PlasticError:
-    shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+    shown = summarise_mismatches(bad)
     return PlasticError(f"the sandbox family in {where} does not match its manifest: {shown}; "
                         f"{fix}, or rebuild it with `plasticlm models pretrain --preset "
                         f"{preset} --force` (about 20 min on 2 cores)")
