@@ -34,6 +34,7 @@ from flwr.superlink.cli.flower_superlink import SuperLinkLifespan, _parse_superl
 from flwr.superlink.main import create_app
 
 from plasticlm.errors import PlasticError
+from plasticlm.listener import DEFAULT_LIMITS
 
 OPERATOR_HEADER = "x-plasticlm-operator"
 MIN_SECRET_CHARS = 32
@@ -191,7 +192,9 @@ def serve(flower_args: list[str], secret: bytes | None) -> None:
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=config.port, lifespan="on", proxy_headers=False, access_log=True,
         log_config=get_uvicorn_log_config(console_handler.level), workers=1,
-        ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile))
+        ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile,
+        # header size and time, idle keep-alive and open connections bounded before the gate
+        **DEFAULT_LIMITS.uvicorn_options()))
     server.run(sockets=sockets)
 
 

@@ -17,6 +17,7 @@ from pydantic import AfterValidator
 
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
+from plasticlm.listener import DEFAULT_LIMITS
 from plasticlm.refine.codec import MAX_PAYLOAD_BYTES, PayloadError
 from plasticlm.refine.quant import QUANTS
 
@@ -141,6 +142,8 @@ def serve(app: FastAPI, host: str, port: int, tls_cert: str = "", tls_key: str =
     import uvicorn
 
     check_listen(host, port, tls_cert, tls_key)
-    # A kept-alive client connection must not hold a stopping service for ever.
+    # A kept-alive client connection must not hold a stopping service for ever; header size,
+    # header time and open connections are bounded before the guard reads the token.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
-                ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None)
+                ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None,
+                **DEFAULT_LIMITS.uvicorn_options())
