@@ -3,8 +3,14 @@ from pathlib import Path
 
 import pytest
 
-from plasticlm.env import THREADS_ENV
-from plasticlm.runtime import set_threads, threads
+from plasticlm import cpu
+
+# The tests compute on the float path the command uses (the sandbox family's), pinned before
+# torch loads.
+cpu.configure()
+
+from plasticlm.env import THREADS_ENV  # noqa: E402
+from plasticlm.runtime import set_threads, threads  # noqa: E402
 
 # Tests never reach a hub: a missing model must fail fast, not try the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

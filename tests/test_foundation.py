@@ -303,19 +303,25 @@ def test_machine_names_the_cpu_and_the_simd_level_torch_uses():
 
 
 @pytest.mark.skipif(not has_float_path(), reason="the float path is pinned only on CPUs with AVX2")
-def test_import_pins_one_float_path_and_a_users_choice_wins():
-    """Importing plasticlm before torch fixes torch's SIMD level and MKL's path at AVX2 (the
-    sandbox family's); a value the user set is kept and reaches torch."""
-    probe = ("import os, plasticlm, torch; print(torch.backends.cpu.get_cpu_capability(), "
-             "os.environ['MKL_CBWR'])")
+def test_configure_pins_one_float_path_import_changes_nothing_and_a_users_choice_wins():
+    """``plasticlm.cpu.configure()`` before torch fixes torch's SIMD level and MKL's path at
+    AVX2 (the sandbox family's), as the command does first thing; importing plasticlm alone
+    leaves the process as it was; a value the user set is kept and reaches torch."""
+    report = ("import os, torch; print(torch.backends.cpu.get_cpu_capability(), "
+              "os.environ.get('MKL_CBWR'), os.environ.get('ATEN_CPU_CAPABILITY'))")
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["AVX2", "AVX2"]
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         env={**env, "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"}
-                         ).stdout.split()
-    assert out == ["DEFAULT", "COMPATIBLE"]
+
+    def run(code: str, **extra) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code + "\n" + report], capture_output=True,
+                              text=True, check=True, env={**env, **extra}).stdout.split()
+    plain = run("import torch")
+    assert run("import plasticlm, plasticlm.memory") == plain
+    assert run("import plasticlm.cpu as c; c.configure()") == ["AVX2", "AVX2", "avx2"]
+    command = "import contextlib\nfrom plasticlm.cli import main\nwith contextlib.suppress(" \
+        "SystemExit):\n    main(['--version'])"
+    assert run(command)[-3:] == ["AVX2", "AVX2", "avx2"]
+    assert run("import plasticlm.cpu as c; c.configure()", ATEN_CPU_CAPABILITY="default",
+               MKL_CBWR="COMPATIBLE") == ["DEFAULT", "COMPATIBLE", "default"]
 
 
 def test_a_typo_in_a_choice_is_refused_naming_the_choices(tmp_path):

@@ -1,9 +1,11 @@
-"""What the CPU is, read without torch: ``plasticlm/__init__`` pins the float path from it
-before torch loads, and :func:`plasticlm.runtime.machine` reports it."""
+"""What the CPU is, read without torch: :func:`configure` pins the float path from it before
+torch loads (the CLI calls it; importing plasticlm changes no process-wide setting), and
+:func:`plasticlm.runtime.machine` reports it."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 # The SIMD path torch's kernels and MKL are pinned to where the CPU has it, the path the
@@ -24,3 +26,19 @@ def has_float_path() -> bool:
     """Whether this CPU can run torch's AVX2 kernels (AVX2 and FMA)."""
     flags = cpuinfo_field("flags").split()
     return "avx2" in flags and "fma" in flags
+
+
+def configure() -> bool:
+    """Pin torch's kernels and MKL to one float path (AVX2) for this process and the processes
+    it starts, where the CPU has it; returns whether it did.
+
+    torch's kernels and MKL otherwise take the widest SIMD the CPU has (AVX-512 where there is
+    one); another width sums float32 in another order, and the same seed trains another
+    sandbox family (docs/sandbox.md). It acts only when called before torch computes anything
+    (the ``plasticlm`` command calls it first thing); a value already in the environment wins.
+    """
+    if not has_float_path():
+        return False
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", FLOAT_PATH.lower())
+    os.environ.setdefault("MKL_CBWR", FLOAT_PATH)
+    return True

@@ -12,7 +12,7 @@ from importlib import metadata
 
 from pydantic import ValidationError
 
-from plasticlm import __version__
+from plasticlm import __version__, cpu
 from plasticlm.cli.options import THREADS, option_tokens
 from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
@@ -103,6 +103,9 @@ class LogLines:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the command pins the float path before anything imports torch (a library import does
+    # not change process-wide settings)
+    cpu.configure()
     stderr = sys.stderr
     if not stderr.isatty() and not isinstance(stderr, LogLines):
         # redirected to a log: a progress line every 30 s (tqdm reads TQDM_* defaults from

@@ -31,7 +31,13 @@ from plasticlm.errors import PlasticError
 from plasticlm.fednl.objective import LocalObjective, answer_loss
 from plasticlm.fednl.sections import METHODS, MemoryOptions, MethodConfig, TrainConfig
 from plasticlm.fednl.theta import layer_of, set_theta, trainable
-from plasticlm.memory import attach_memory, save_pretrained
+from plasticlm.memory import (
+    attach_memory,
+    memory_config,
+    portable_peft_adapter,
+    save_base_model,
+    save_pretrained,
+)
 
 log = logging.getLogger("plasticlm.fednl")
 
@@ -117,8 +123,12 @@ class FedMethod:
         return global_theta
 
     def save(self, model: nn.Module, tokenizer, folder) -> None:
-        """The trained model in the ecosystem's format: here a PEFT LoRA adapter folder."""
+        """The trained model in the ecosystem's format: here a PEFT LoRA adapter folder whose
+        keys are the plain base model's (``PeftModel.from_pretrained(base, folder)`` loads
+        every LoRA weight), with a model card saying so."""
         model.save_pretrained(folder)
+        config = memory_config(model.get_base_model())
+        portable_peft_adapter(folder, config.window if config else None, "plasticlm fednl run")
 
 
 def _windowed(model: nn.Module, cfg: MethodConfig) -> nn.Module:
@@ -196,7 +206,8 @@ class FedAvgFull(FedMethod):
         return train.full_lr
 
     def save(self, model, tokenizer, folder):
-        model.save_pretrained(folder)
+        # an HF folder under the plain model's names (the window wrapper's are not)
+        save_base_model(model, folder)
         tokenizer.save_pretrained(folder)
 
 

@@ -19,6 +19,7 @@ from plasticlm.config import from_dict
 from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
 from plasticlm.memory.config import MemoryConfig
+from plasticlm.memory.export import append_model_card, refuse_plain_save
 from plasticlm.memory.layer import MemoryAttention
 from plasticlm.tensor_files import load_tensors
 
@@ -90,6 +91,8 @@ def attach_memory(
             p.requires_grad_(True)
         layer.self_attn = wrapped
     model.memory_config = config
+    # its own save_pretrained would write wrapped names that load wrongly elsewhere (export.py)
+    model.save_pretrained = refuse_plain_save
     # on the decoder, so that model(...) and model.get_decoder()(...) both set the mask
     model._memory_mask_hook = model.get_decoder().register_forward_pre_hook(
         _share_padding_mask, with_kwargs=True)
@@ -130,7 +133,7 @@ def detach_memory(model: nn.Module) -> nn.Module:
         layer.self_attn.token_mask = None
         layer.self_attn = layer.self_attn.base
     model._memory_mask_hook.remove()
-    del model.memory_config, model._memory_mask_hook
+    del model.memory_config, model._memory_mask_hook, model.save_pretrained
     return model
 
 
@@ -165,6 +168,12 @@ def save_pretrained(model: nn.Module, directory: str | Path) -> int:
     theta = {k: v.detach().contiguous().cpu() for k, v in meta_parameters(model).items()}
     save_file(theta, str(directory / THETA_FILE), metadata={"format": "plasticlm-memory"})
     (directory / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+    if not (directory / "README.md").exists():
+        append_model_card(directory, f"""# plasticlm memory adapter
+
+theta of a delta-rule memory ({len(config.layers)} layers, window {config.window}) for a
+{config.model_type} base model; transformers and PEFT do not load it on their own: load it with
+`plasticlm.memory.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), FOLDER)`.""")
     return sum(t.numel() * t.element_size() for t in theta.values())
 
 
