@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all lint bench clean
+.PHONY: demo test test-fast test-slow test-all lint bench clean
 
 # The stamp is newer than pyproject.toml when the venv is current: no reinstall.
 $(STAMP): pyproject.toml
@@ -20,6 +20,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# the inner loop (under a minute on 2 cores): the package's shape, the delta-rule ops against
+# their reference, configs and registries' refusals, the light CLI, the docs' links, exports
+FAST := tests/test_structure.py tests/test_memory_ops.py tests/test_eval_prompts.py \
+	tests/test_data_partition.py tests/test_fednl_config.py tests/test_scol_config.py \
+	tests/test_refine_config.py tests/test_cli_light.py tests/test_docs.py tests/test_memory_export.py
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(FAST)
 
 # the tests marked slow (over 30 s each, the bench smoke runs, larger shapes), left out of `make test`
 test-slow: $(STAMP)
