@@ -111,7 +111,7 @@ def test_multikey_decoys_are_the_other_keys_values_stated_in_the_context(monkeyp
     """Issue 41: a multi-key item's wrong options are the values the context gives other
     keys, so choosing right needs the key; random numbers never appear in the text and
     would let "any number from the text" win."""
-    import plasticlm.sandbox.probes as probes
+    import plasticlm.eval.niah as probes
 
     for s in generate_niah("multikey", 6, 300, HAY, seed=2):
         decoys = s.meta["decoys"]
@@ -137,7 +137,7 @@ def test_an_ignorant_model_that_prefers_digits_is_at_chance_on_uuids(monkeypatch
     the number of digits, plus noise for ties."""
     import random
 
-    import plasticlm.sandbox.probes as probes
+    import plasticlm.eval.niah as probes
 
     monkeypatch.setattr(probes, "encode_pair", lambda tok, prompt, cont: ([1], cont))
     monkeypatch.setattr(probes, "pad_id_of", lambda tok: 0)

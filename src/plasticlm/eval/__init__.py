@@ -33,7 +33,13 @@ from plasticlm.eval.multiple_choice import (
     extract_choice,
     mmlu_prompt,
 )
-from plasticlm.eval.niah import niah_accuracy, niah_score, response_items
+from plasticlm.eval.niah import (
+    niah_accuracy,
+    niah_choice,
+    niah_score,
+    response_items,
+    same_format_decoy,
+)
 from plasticlm.eval.perplexity import Perplexity, perplexity, windows
 from plasticlm.eval.prompts import QA_TEMPLATE, qa_continuation, qa_line, qa_prompt
 from plasticlm.eval.scoring import ContinuationScore, next_token_logprobs, score_continuations
@@ -78,7 +84,8 @@ __all__ = [
     "entity_swap_control", "evaluate_mc", "evaluate_mc_items", "exact_match", "extract_choice",
     "decodable_mask", "decodable_only", "f1_score", "format_ci", "format_paired",
     "format_summary", "generate_texts", "is_legal", "legal_answer_rate", "logits_width",
-    "mask_undecodable", "mmlu_prompt", "next_token_logprobs", "niah_accuracy", "niah_score",
+    "mask_undecodable", "mmlu_prompt", "next_token_logprobs", "niah_accuracy", "niah_choice",
+    "niah_score", "same_format_decoy",
     "normalize_answer", "pad_batch", "pad_id_of", "paired_intervals", "paired_seed_ci",
     "paired_summary", "perplexity", "pooled_bootstrap_ci", "qa_continuation", "qa_line",
     "qa_prompt", "response_items", "score_continuations", "seed_ci", "squad_metrics",

@@ -60,7 +60,7 @@ def niah_items(world, tok, length: int, n: int, seed: int) -> list[ChoiceItem]:
     (far beyond a short window), as 4-way choices: the needle's number against three
     distinct numbers of the same format."""
     from plasticlm.data.niah import generate_niah, haystack_sentences
-    from plasticlm.sandbox.probes import same_format_decoy
+    from plasticlm.eval.niah import same_format_decoy
 
     rng = random.Random(seed)
     samples = generate_niah("single", n, length, haystack_sentences(world.valid_docs),

@@ -35,7 +35,7 @@ from plasticlm.eval import (
     qa_continuation,
     qa_prompt,
 )
-from plasticlm.sandbox.probes import niah_choice
+from plasticlm.eval.niah import niah_choice
 
 
 def qa_pairs(questions: list[MCQuestion]) -> list[tuple[str, str]]:

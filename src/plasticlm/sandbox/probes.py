@@ -6,23 +6,19 @@ one entity move together), from :func:`plasticlm.eval.bootstrap_ci`.
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from pathlib import Path
 
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import generate_niah, score
-from plasticlm.errors import PlasticError
 from plasticlm.eval import (
     MCConfig,
     bootstrap_ci,
     closed_set_accuracy,
-    encode_pair,
     evaluate_mc_items,
     generate_texts,
-    pad_id_of,
-    score_continuations,
 )
+from plasticlm.eval.niah import niah_choice, same_format_decoy  # noqa: F401 (re-exported)
 from plasticlm.sandbox.tasks import openbook_items
 from plasticlm.sandbox.world import World
 from plasticlm.sandbox.world_index import question_meta, read_world_index
@@ -85,58 +81,6 @@ def evaluate_openbook(model, tokenizer, world: World, filler_words: tuple[int, i
         rows = [(ok, it.entity) for ok, it in zip(result.correct, items) if pick(it)]
         if rows:
             out[name] = _ci_entry([x for x, _ in rows], [e for _, e in rows])
-    return out
-
-
-def same_format_decoy(value: str, rng: random.Random) -> str:
-    """A random string shaped like ``value``: digits stay digits, hex letters hex letters."""
-    out = []
-    for ch in value:
-        if ch.isdigit():
-            out.append(rng.choice("0123456789"))
-        elif ch in "abcdef":
-            # letters stay letters: a decoy with more digits than the needle out-scores it
-            # under a model that merely likes digits (uuid fell to 0-17%, below chance)
-            out.append(rng.choice("abcdef"))
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def niah_choice(model, tokenizer, samples, num_choices: int = 4, seed: int = 0) -> list[float]:
-    """Per sample, 1.0 when the needle's first answer out-scores ``num_choices - 1`` decoys
-    after the prompt (chance ``1/num_choices``): whether the model reads the needle at all
-    even when it cannot copy it token for token. Decoys are first the values the context
-    states for other keys (multi-key: choosing the right one needs the key, not just "a
-    number from the text"), then random strings of the answer's format (digits stay
-    digits) or, for word answers, other samples' answers."""
-    rng = random.Random(seed)
-    pool = sorted({a for s in samples for a in s.answers})
-    contexts, conts = [], []
-    for s in samples:
-        true = s.answers[0]
-        in_context = [d for d in getattr(s, "meta", {}).get("decoys", ()) if d not in s.answers]
-        options = [true, *in_context[: num_choices - 1]]
-        for _ in range(20 * num_choices):  # words have no digits to vary: few or no decoys
-            fake = same_format_decoy(true, rng)
-            if len(options) == num_choices:
-                break
-            if fake not in options and fake not in s.answers:
-                options.append(fake)
-        others = [a for a in pool if a not in options and a not in s.answers]
-        options += rng.sample(others, min(len(others), num_choices - len(options)))
-        if len(options) < num_choices:
-            raise PlasticError(f"cannot find {num_choices - 1} decoys for the needle {true!r}: "
-                               "give more samples or fewer choices")
-        for o in options:
-            ctx, cont = encode_pair(tokenizer, s.prompt, " " + o)
-            contexts.append(ctx)
-            conts.append(cont)
-    scored = score_continuations(model, contexts, conts, pad_id_of(tokenizer), 16, "right")
-    out = []
-    for i in range(len(samples)):
-        group = [x.logprob for x in scored[i * num_choices:(i + 1) * num_choices]]
-        out.append(float(max(range(num_choices), key=group.__getitem__) == 0))
     return out
 
 
