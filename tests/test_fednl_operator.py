@@ -1,14 +1,18 @@
 """Only the operator commands a FedNL deployment: the operator gate in front of Flower's
-SuperLink (plasticlm.fednl.superlink) on its own, then a LocalFederation bound to a
-non-loopback address of this machine, probed by a stranger holding the CA certificate."""
+SuperLink (plasticlm.fednl.superlink) on its own, the socket owner lookup it trusts on
+loopback (plasticlm.fednl.peer_uid), then a LocalFederation bound to a non-loopback address
+of this machine, probed by a stranger holding the CA certificate."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import json
+import os
+import shutil
 import socket
 import subprocess
+import sys
 
 import httpx
 import psutil
@@ -47,7 +51,7 @@ class Inner:
 
 
 def call(gate: OperatorGate, path: str, client=("192.0.2.9", 5000), scheme="https",
-         headers=(), kind="http"):
+         headers=(), kind="http", server=("127.0.0.1", 9093)):
     """(messages sent, whether the body was read) for one request through ``gate``."""
     sent, reads = [], []
 
@@ -59,7 +63,7 @@ def call(gate: OperatorGate, path: str, client=("192.0.2.9", 5000), scheme="http
         sent.append(message)
 
     scope = {"type": kind, "path": path, "method": "POST", "scheme": scheme, "client": client,
-             "headers": list(headers)}
+             "server": server, "headers": list(headers)}
     asyncio.run(gate(scope, receive, send))
     return sent, bool(reads)
 
@@ -89,34 +93,81 @@ def test_the_gate_lets_anyone_reach_the_fleet_routes_and_health(path):
     assert status(sent) == 200 and read and len(inner.calls) == 1
 
 
+OWNER, OTHER = 1000, 1001
+
+
+def gate_with_uids(uid_of_peer: int | None, secret=None, inner=None, known=True) -> OperatorGate:
+    """A gate owned by OWNER whose socket lookup finds ``uid_of_peer`` for any peer."""
+    return OperatorGate(inner or Inner(), secret, owner_uid=OWNER, uids_known=known,
+                        uid_of=lambda client, server: uid_of_peer)
+
+
 @pytest.mark.parametrize("peer", ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"])
-def test_the_gate_lets_loopback_through_as_the_operator(peer):
-    inner = Inner()
-    sent, _ = call(OperatorGate(inner, None), "/v1/control/start-run", client=(peer, 1))
+def test_the_gate_lets_the_owners_uid_through_from_loopback_as_the_operator(peer):
+    sent, _ = call(gate_with_uids(OWNER), "/v1/control/start-run", client=(peer, 1))
     assert status(sent) == 200
+
+
+@pytest.mark.parametrize("uid", [OTHER, 0, None])
+@pytest.mark.parametrize("path", ["/v1/control/list-runs", "/v1/control/start-run",
+                                  "/v1/control/register-node", "/v1/runtime/pull-messages"])
+def test_loopback_alone_is_no_operator_another_uid_or_an_unknown_socket_is_refused(uid, path):
+    inner = Inner()
+    sent, read = call(gate_with_uids(uid, SECRET, inner), path, client=("127.0.0.1", 1))
+    assert status(sent) == 403 and not read and inner.calls == []
+
+
+def test_the_owners_uid_counts_only_on_loopback():
+    sent, _ = call(gate_with_uids(OWNER), "/v1/control/list-runs", client=("10.0.0.1", 1))
+    assert status(sent) == 403
+
+
+def test_where_no_socket_owner_is_listed_loopback_stays_the_operator():
+    assert status(call(gate_with_uids(None, known=False), "/v1/control/list-runs",
+                       client=("127.0.0.1", 1))[0]) == 200
+    assert status(call(gate_with_uids(None, known=False), "/v1/control/list-runs")[0]) == 403
 
 
 @pytest.mark.parametrize("peer", [None, ("10.0.0.1", 1), ("::ffff:10.0.0.1", 1),
                                   ("localhost", 1), ("", 1)])
 def test_the_gate_treats_any_other_peer_as_a_stranger(peer):
-    sent, _ = call(OperatorGate(Inner(), None), "/v1/control/list-runs", client=peer)
+    sent, _ = call(gate_with_uids(OWNER), "/v1/control/list-runs", client=peer)
     assert status(sent) == 403
 
 
-def test_the_operator_secret_opens_the_control_routes_only_over_tls_and_exactly():
-    gate = OperatorGate(Inner(), SECRET)
+def test_the_operator_secret_opens_the_control_routes_over_tls_or_loopback_and_exactly():
+    gate = gate_with_uids(OTHER, SECRET)
     good = [(OPERATOR_HEADER.encode(), SECRET)]
+    bearer = [(b"authorization", b"Bearer " + SECRET)]       # as flwr sends a stored token
     assert status(call(gate, "/v1/control/start-run", headers=good)[0]) == 200
+    assert status(call(gate, "/v1/control/start-run", headers=bearer)[0]) == 200
+    # in the clear only from loopback, where no other unprivileged user can read it
     assert status(call(gate, "/v1/control/start-run", headers=good, scheme="http")[0]) == 403
+    assert status(call(gate, "/v1/control/start-run", headers=bearer, scheme="http",
+                       client=("127.0.0.1", 1))[0]) == 200
     for bad in ([(OPERATOR_HEADER.encode(), SECRET[:-1])],
                 [(OPERATOR_HEADER.encode(), SECRET + b"x")],
                 [(OPERATOR_HEADER.encode(), b"")],
+                [(b"authorization", b"Basic " + SECRET)],
+                [(b"authorization", b"Bearer")],
                 good + good,                      # two values: ambiguous, refused
-                [(b"authorization", b"Bearer " + SECRET)]):
-        assert status(call(gate, "/v1/control/start-run", headers=bad)[0]) == 403
+                good + bearer):
+        for client in (("192.0.2.9", 1), ("127.0.0.1", 1)):
+            assert status(call(gate, "/v1/control/start-run", headers=bad,
+                               client=client)[0]) == 403, (bad, client)
     # no secret configured: a header proves nothing
-    assert status(call(OperatorGate(Inner(), None), "/v1/control/start-run",
-                       headers=good)[0]) == 403
+    assert status(call(gate_with_uids(OTHER), "/v1/control/start-run", headers=good)[0]) == 403
+
+
+def test_the_secret_never_reaches_flowers_app_and_the_fleets_headers_pass_untouched():
+    inner = Inner()
+    gate = gate_with_uids(OTHER, SECRET, inner)
+    call(gate, "/v1/control/list-runs", headers=[(OPERATOR_HEADER.encode(), SECRET),
+                                                 (b"x-other", b"1")])
+    call(gate, "/v1/control/list-runs", headers=[(b"authorization", b"Bearer " + SECRET)])
+    assert [c["headers"] for c in inner.calls] == [[(b"x-other", b"1")], []]
+    call(gate, "/v1/fleet/pull-messages", headers=[(b"authorization", b"x")])
+    assert inner.calls[-1]["headers"] == [(b"authorization", b"x")]
 
 
 def test_the_gate_closes_a_strangers_websocket_and_passes_lifespan():
@@ -216,7 +267,7 @@ def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_run_nor_lis
 
 
 def _flwr(fed, *args: str) -> subprocess.CompletedProcess:
-    """``flwr ARGS local --format json`` as the operator: on loopback."""
+    """``flwr ARGS local --format json`` as the operator: the SuperLink's uid on loopback."""
     return subprocess.run([flower_bin("flwr"), *args, "local", "--format", "json"],
                           env=fed.env, capture_output=True, text=True, timeout=60)
 
@@ -240,3 +291,66 @@ def test_the_operator_registers_submits_and_lists_from_loopback_and_with_the_sec
     assert _flwr(fed, "stop", str(run_id)).returncode == 0
     assert _stranger(fed, "/v1/control/list-runs",
                      ListRunsRequest().SerializeToString()).status_code == 403
+
+
+def test_peer_uid_names_the_owner_of_a_loopback_connections_client_socket():
+    """The client end of a live loopback connection is found with its uid: this process's."""
+    from plasticlm.fednl.peer_uid import AVAILABLE, peer_uid
+
+    if not AVAILABLE:
+        pytest.skip("this system lists no socket owners (/proc/net/tcp)")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        addr = server.getsockname()
+        with socket.create_connection(addr) as client:
+            accepted, peer = server.accept()
+            with accepted:
+                assert client.getsockname() == peer
+                assert peer_uid(peer, addr) == os.geteuid()
+                assert peer_uid(("::ffff:" + peer[0], peer[1]), addr) == os.geteuid()
+                assert peer_uid(peer, ("127.0.0.1", addr[1] + 1)) is None   # not this pair
+
+
+@pytest.mark.slow   # a second process (under a second uid): `make test-slow`
+def test_peer_uid_names_a_second_users_socket_as_that_users():
+    from plasticlm.fednl.peer_uid import AVAILABLE, peer_uid
+
+    if not AVAILABLE or os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs /proc/net/tcp, root and setpriv to act as a second uid")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        addr = server.getsockname()
+        hold = ("import socket, sys; s = socket.create_connection(('127.0.0.1', %d)); "
+                "print(s.getsockname()[1], flush=True); sys.stdin.read()" % addr[1])
+        child = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                  sys.executable, "-c", hold], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            accepted, peer = server.accept()
+            with accepted:
+                assert int(child.stdout.readline()) == peer[1]
+                assert peer_uid(peer, addr) == 65534
+        finally:
+            child.stdin.close()
+            child.wait(timeout=30)
+
+
+def test_peer_uid_reads_the_kernels_ipv4_ipv6_and_mapped_addresses(tmp_path):
+    from plasticlm.fednl.peer_uid import peer_uid
+
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+    v4 = tmp_path / "tcp"
+    v4.write_text(head +   # 127.0.0.1:40000 -> 127.0.0.1:8080, established, then TIME_WAIT
+                  "   0: 0100007F:9C40 0100007F:1F90 01 0:0 00:0 0  1234 0 1\n"
+                  "   1: 0100007F:9C41 0100007F:1F90 06 0:0 00:0 0     0 0 0\n")
+    v6 = tmp_path / "tcp6"
+    v6.write_text(head +   # [::1]:40002 -> [::1]:8080; ::ffff:127.0.0.1:40003 -> same
+                  "   0: 00000000000000000000000001000000:9C42 "
+                  "00000000000000000000000001000000:1F90 01 0:0 00:0 0  4321 0 1\n"
+                  "   1: 0000000000000000FFFF00000100007F:9C43 "
+                  "0000000000000000FFFF00000100007F:1F90 01 0:0 00:0 0  77 0 1\n")
+    tables = (v4, v6)
+    assert peer_uid(("127.0.0.1", 40000), ("127.0.0.1", 8080), tables) == 1234
+    assert peer_uid(("127.0.0.1", 40001), ("127.0.0.1", 8080), tables) is None  # TIME_WAIT
+    assert peer_uid(("::1", 40002), ("::1", 8080), tables) == 4321
+    assert peer_uid(("127.0.0.1", 40003), ("127.0.0.1", 8080), tables) == 77
+    assert peer_uid(("127.0.0.1", 40000), ("127.0.0.1", 8081), tables) is None
+    assert peer_uid(("localhost", 40000), ("127.0.0.1", 8080), tables) is None

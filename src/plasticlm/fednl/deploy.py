@@ -3,8 +3,8 @@ processes, optionally over TLS, driven by ``flwr run``.
 
 This is what runs across machines, started on one: the same commands with other addresses
 (see docs/fednl.md). The SuperLink is plasticlm's (:mod:`plasticlm.fednl.superlink`):
-Flower's app behind the operator gate, so only loopback or the operator secret reaches the
-Control and runtime routes. Flower's runtime dependency installation is on, as Flower
+Flower's app behind the operator gate, so only this user (its uid on loopback) or the holder
+of the operator secret reaches the Control and runtime routes. Flower's runtime dependency installation is on, as Flower
 ships it: the app declares no dependencies (they are this environment's), so nothing is
 installed or downloaded.
 """
@@ -62,8 +62,10 @@ class LocalFederation:
     The SuperLink listens on ``host`` (default 127.0.0.1; another address of this machine to
     be reached from the network, when it also listens on 127.0.0.1) behind the operator
     gate: the SuperNodes reach its Fleet routes through ``host``; ``flwr`` (``run``,
-    ``register``, ``registered_nodes``) works as the operator from loopback;
-    ``operator_secret`` lets the operator in from elsewhere (:func:`operator_client`).
+    ``register``, ``registered_nodes``) works as the operator because it runs as the
+    SuperLink's own user on loopback; ``operator_secret`` (0600) lets the operator in as
+    another user or from elsewhere (:func:`operator_client`, or ``flwr`` itself after
+    :func:`~plasticlm.fednl.superlink.store_operator_secret`).
 
     ``auth=True`` (needs ``tls``) turns on SuperNode authentication: each node gets a key pair,
     its public key is registered with ``flwr supernode register`` before it starts, and the
@@ -107,7 +109,7 @@ class LocalFederation:
             link_sec, node_sec, conn = ["--insecure"], ["--insecure"], "insecure = true"
         home = self.workdir / "flwr_home"
         home.mkdir(exist_ok=True)
-        # the operator's connection: loopback, which the gate lets through
+        # the operator's connection: loopback, where the gate knows this user by its uid
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "{self.address("127.0.0.1")}"\n{conn}\n')
