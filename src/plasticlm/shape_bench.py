@@ -36,10 +36,10 @@ from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import OpenBookTask
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
+from plasticlm.models.specs import resolve_model
 from plasticlm.refine import FedRefine, Fuser, Link, Peer
 from plasticlm.refine.modes import RefineConfig
 from plasticlm.runtime import machine
-from plasticlm.sandbox import resolve_model_spec
 from plasticlm.sandbox.tasks import load_openbook
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import consolidate_stream
@@ -156,7 +156,7 @@ def run_shape_bench(shape: str, layers: int | None, batch: int = 4, dtype: str =
                     device: str = "cpu", progress: Callable[[str], None] = print) -> dict:
     """Every method's row at ``shape`` (cut to ``layers``; None = all)."""
     dev = torch.device(device)
-    folder = resolve_model_spec(f"shape:{shape}" + (f"@{layers}" if layers else ""))
+    folder = resolve_model(f"shape:{shape}" + (f"@{layers}" if layers else ""))
     report = {"shape": shape, "layers": layers or "all", "batch": batch, "dtype": dtype,
               "device": str(dev), "machine": machine(), "rows": []}
     for name, fn in (("fednl", lambda: fednl_row(folder, batch, dtype, dev)),

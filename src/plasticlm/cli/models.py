@@ -79,9 +79,9 @@ def _import_llama2c(args) -> int:
 
 def _info(args) -> int:
     from plasticlm.models import describe, load_causal_lm
-    from plasticlm.sandbox import resolve_model_spec
+    from plasticlm.models.specs import resolve_model
 
-    model, _ = load_causal_lm(resolve_model_spec(args.model))
+    model, _ = load_causal_lm(resolve_model(args.model))
     print(json.dumps(describe(model), indent=2))
     return 0
 
@@ -98,9 +98,9 @@ def _generate(args) -> int:
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise PlasticError(f"--temperature must be a number >= 0 (0: greedy), not "
                            f"{args.temperature}")
-    from plasticlm.sandbox import resolve_model_spec
+    from plasticlm.models.specs import resolve_model
 
-    model, tok = load_causal_lm(resolve_model_spec(args.model))
+    model, tok = load_causal_lm(resolve_model(args.model))
     ids = tok(args.prompt).input_ids if args.prompt else []
     if not ids or ids[0] != tok.bos_token_id:
         ids = [tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids

@@ -16,7 +16,7 @@ from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.task import ClientTask, NIAHTask, OpenBookTask
-from plasticlm.sandbox import sandbox_preset_of
+from plasticlm.models.specs import is_named_spec
 from plasticlm.sandbox.tasks import load_openbook
 
 
@@ -88,7 +88,7 @@ def with_closed_book(tasks: list[ClientTask], source: str | Path, share: float,
 def has_closed_book_pool(data: str | Path) -> bool:
     """Whether a run's ``data`` (a sandbox preset name or a folder) holds closed-book
     questions: a sandbox world or an MMLU folder, not a folder of essays."""
-    return bool(sandbox_preset_of(str(data))) or _pool_kind(Path(data)) is not None
+    return is_named_spec(str(data)) or _pool_kind(Path(data)) is not None
 
 
 def _pool_kind(folder: Path) -> str | None:

@@ -59,9 +59,9 @@ from plasticlm.fednl.variants import (
     trained_model,
     variants,
 )
+from plasticlm.models.specs import resolve_data
 from plasticlm.outputs import prepare_output
 from plasticlm.plotting import plt
-from plasticlm.sandbox import resolve_data_spec
 
 log = logging.getLogger("plasticlm.fednl")
 
@@ -84,7 +84,7 @@ def _score(cfg: ExperimentConfig, v: Variant, seed: int, root: Path, progress: b
            "theta_bytes": sum(x.numel() * 4 for x in global_theta.values())}
     if cfg.experiment in ("niah", "openbook") and has_closed_book_pool(fcfg.data.source):
         set_theta(model, global_theta)
-        book = closed_book_test(resolve_data_spec(fcfg.data.source))
+        book = closed_book_test(resolve_data(fcfg.data.source))
         out.update(closed_book=book.correct(model, tok), closed_book_groups=book.groups())
     if summary and v.central:
         out.update(central_steps=summary["central_steps"],

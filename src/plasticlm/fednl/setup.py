@@ -13,16 +13,16 @@ from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
-from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
+from plasticlm.models.specs import resolve_data, resolve_model
 
 
 @functools.lru_cache(maxsize=4)
 def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
     cfg = FedNLConfig.from_json(cfg_json)
     d = cfg.data
-    source = resolve_data_spec(d.source)
+    source = resolve_data(d.source)
     if d.split == "niah":
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_spec(cfg.model))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
         tasks = niah_tasks(source, tokenizer, d.niah_length, d.max_train, d.max_test, cfg.seed)
         return tuple(with_closed_book(tasks, source, d.closed_book_share, cfg.seed))
     if d.split == "openbook":
@@ -41,7 +41,7 @@ def build_model(cfg: FedNLConfig):
     """(model with exactly theta trainable, tokenizer) on the run's device and in its dtype
     (theta itself stays float32); theta's initial value depends only on ``cfg.seed``, so the
     server and every client start from the same theta."""
-    model, tokenizer = load_causal_lm(resolve_model_spec(cfg.model))
+    model, tokenizer = load_causal_lm(resolve_model(cfg.model))
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = prepare_model(model, cfg.method, cfg.memory)

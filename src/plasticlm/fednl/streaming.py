@@ -35,10 +35,10 @@ from plasticlm.fednl.variants import (
     variants,
 )
 from plasticlm.memory import MemoryStream
+from plasticlm.models.specs import resolve_data, resolve_model
 from plasticlm.outputs import prepare_output
 from plasticlm.plotting import plt
 from plasticlm.runtime import dtype_name
-from plasticlm.sandbox import resolve_data_spec, resolve_model_spec
 from plasticlm.sandbox.tasks import load_client_streams
 
 log = logging.getLogger("plasticlm.fednl")
@@ -102,10 +102,10 @@ def run_stream_experiment(cfg: ExperimentConfig, progress: bool = True) -> dict:
     by that of the first, averaged over the five streams."""
     ob = dataclasses.replace(cfg, experiment=cfg.stream_from)
     root = Path(cfg.out) / cfg.stream_from
-    streams = load_client_streams(resolve_data_spec(cfg.run.data.source) / "client_streams.jsonl")
+    streams = load_client_streams(resolve_data(cfg.run.data.source) / "client_streams.jsonl")
     if cfg.stream_tokens:
         streams = long_streams(streams, cfg.stream_tokens,
-                               AutoTokenizer.from_pretrained(resolve_model_spec(cfg.run.model)))
+                               AutoTokenizer.from_pretrained(resolve_model(cfg.run.model)))
     out: dict = {"config": to_dict(cfg), "variants": {}}
     for v in variants(ob):
         if v.window == 0 and not v.trained:
@@ -204,7 +204,7 @@ def _question_summary(asked: list[list[list[dict]]]) -> dict:
 def _world_tokens(tok, data: str, n: int) -> torch.Tensor:
     """``[1, n]`` token ids of the world's held-out text, repeated as needed."""
 
-    folder = resolve_data_spec(data)
+    folder = resolve_data(data)
     ids = tok("\n".join(d.text for d in load_text_corpus(folder / "corpus" / "valid.txt")),
               add_special_tokens=False)["input_ids"]
     return torch.tensor([(ids * (n // len(ids) + 1))[:n]])

@@ -14,9 +14,9 @@ import torch
 from plasticlm.errors import PlasticError
 from plasticlm.eval import decodable_only, encode_with_bos, generate_texts
 from plasticlm.models import load_causal_lm
+from plasticlm.models.specs import resolve_model as resolve_model_folder
 from plasticlm.refine.align import token_ends
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
-from plasticlm.sandbox import resolve_model_spec
 
 
 @dataclass
@@ -153,7 +153,7 @@ def resolve_model(spec: str) -> tuple[str, Path | str]:
     """(display name, folder or hub id) of ``sandbox:NAME`` / ``quick:NAME`` (pre-trained
     sandbox models) or a path / hub id."""
     name = spec.partition(":")[2]
-    resolved = resolve_model_spec(spec)
+    resolved = resolve_model_folder(spec)
     return (name, Path(resolved)) if resolved != spec else (Path(spec).name or spec, spec)
 
 

@@ -1,9 +1,15 @@
-"""``<preset>:<name>`` specs: where commands accept a sandbox model or world by name."""
+"""The sandbox's spec schemes, registered with :mod:`plasticlm.models.specs` (by the entry
+points in pyproject.toml and when this module is imported): ``<preset>:<name>`` names a model
+of a preset's family (``sandbox:receiver``, ``quick:specialist``, ``sandbox-quick:receiver``),
+a preset's name alone its world (``sandbox``, ``sandbox-quick``), and ``shape:<name>[@<layers>]``
+a real-shape model (:mod:`plasticlm.sandbox.shapes`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from plasticlm.errors import PlasticError
+from plasticlm.models.specs import register_scheme, resolve_data, resolve_model
 from plasticlm.sandbox.presets import PRESETS
 from plasticlm.sandbox.pretrain import sandbox_model, sandbox_world
 from plasticlm.sandbox.shapes import shape_model, shape_spec_of
@@ -19,22 +25,47 @@ def sandbox_preset_of(spec: str) -> str | None:
     return None
 
 
+class SandboxScheme:
+    """``<preset>:<name>`` -> the pre-trained model folder (trained when missing);
+    ``<preset>`` -> the preset's world folder."""
+
+    def claims(self, spec: str) -> bool:
+        head, colon, name = spec.partition(":")
+        return sandbox_preset_of(head) is not None and (bool(name) or not colon)
+
+    def model(self, spec: str) -> str:
+        head, _, name = spec.partition(":")
+        if not name:
+            raise PlasticError(f"{spec!r} names a sandbox world; a sandbox model is "
+                               f"<preset>:<name>, e.g. {head}:receiver")
+        return str(sandbox_model(name, preset=sandbox_preset_of(head)))
+
+    def data(self, spec: str) -> Path:
+        return Path(sandbox_world(sandbox_preset_of(spec.partition(":")[0])))
+
+
+class ShapeScheme:
+    """``shape:<name>[@<layers>]`` -> a real-shape model folder, built when missing."""
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("shape:")
+
+    def model(self, spec: str) -> str:
+        return str(shape_model(*shape_spec_of(spec)))
+
+    def data(self, spec: str) -> Path:
+        raise NotImplementedError
+
+
+SANDBOX = register_scheme("sandbox", SandboxScheme())
+SHAPE = register_scheme("shape", ShapeScheme())
+
+
 def resolve_model_spec(spec: str) -> str:
-    """``<preset>:<name>`` (``sandbox:receiver``, ``quick:specialist``,
-    ``sandbox-quick:receiver``) -> the pre-trained sandbox folder, trained when missing;
-    ``shape:<name>[@<layers>]`` (``shape:qwen2.5-0.5b@2``) -> a real-shape model folder
-    (:mod:`plasticlm.sandbox.shapes`), built when missing; any other spec (a local folder or
-    a hub id) unchanged."""
-    shape = shape_spec_of(spec)
-    if shape is not None:
-        return str(shape_model(*shape))
-    head, _, name = spec.partition(":")
-    preset = sandbox_preset_of(head) if name else None
-    return str(sandbox_model(name, preset=preset)) if preset else spec
+    """:func:`plasticlm.models.specs.resolve_model` (kept for the sandbox's callers)."""
+    return resolve_model(spec)
 
 
 def resolve_data_spec(spec: str) -> Path:
-    """A preset name (``sandbox``, ``quick``, ``sandbox-quick``) -> its world folder; any
-    other spec -> that folder."""
-    preset = sandbox_preset_of(spec)
-    return Path(sandbox_world(preset)) if preset else Path(spec)
+    """:func:`plasticlm.models.specs.resolve_data` (kept for the sandbox's callers)."""
+    return resolve_data(spec)
