@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import psutil
@@ -318,8 +319,8 @@ def test_peer_uid_names_a_second_users_socket_as_that_users():
         pytest.skip("needs /proc/net/tcp, root and setpriv to act as a second uid")
     with socket.create_server(("127.0.0.1", 0)) as server:
         addr = server.getsockname()
-        hold = ("import socket, sys; s = socket.create_connection(('127.0.0.1', %d)); "
-                "print(s.getsockname()[1], flush=True); sys.stdin.read()" % addr[1])
+        hold = (f"import socket, sys; s = socket.create_connection(('127.0.0.1', {addr[1]})); "
+                "print(s.getsockname()[1], flush=True); sys.stdin.read()")
         child = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                                   sys.executable, "-c", hold], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
@@ -354,3 +355,38 @@ def test_peer_uid_reads_the_kernels_ipv4_ipv6_and_mapped_addresses(tmp_path):
     assert peer_uid(("127.0.0.1", 40003), ("127.0.0.1", 8080), tables) == 77
     assert peer_uid(("127.0.0.1", 40000), ("127.0.0.1", 8081), tables) is None
     assert peer_uid(("localhost", 40000), ("127.0.0.1", 8080), tables) is None
+
+
+def test_submit_sends_the_secret_from_a_private_copy_of_flwr_home_as_flwrs_own_token(
+        tmp_path, monkeypatch):
+    """``fednl submit --operator-secret-file``: flwr runs with a 0700 copy of the caller's
+    FLWR_HOME whose stored access token for the connection's address is the secret (what
+    Flower's CLI sends as ``Authorization: Bearer``); the caller's FLWR_HOME is untouched."""
+    from flwr.cli.auth_plugin import OidcCliPlugin
+    from flwr.common.constant import ACCESS_TOKEN_KEY
+    from flwr.supercore.credential_store.file_credential_store import FileCredentialStore
+
+    from plasticlm.fednl.submit import operator_env
+
+    home = tmp_path / "flwr"
+    home.mkdir()
+    config = '[superlink]\ndefault = "x"\n\n[superlink.x]\naddress = "10.0.0.1:9093"\n'
+    (home / "config.toml").write_text(config)
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    secret = make_operator_secret(tmp_path / "operator.secret")
+    with operator_env("x") as env:
+        assert env["FLWR_HOME"] == str(home)
+    with operator_env("x", secret) as env:
+        private = Path(env["FLWR_HOME"])
+        assert private != home and private.stat().st_mode & 0o777 == 0o700
+        assert (private / "config.toml").read_text() == config
+        assert (private / "credentials.yaml").stat().st_mode & 0o077 == 0
+        plugin = OidcCliPlugin("10.0.0.1:9093")
+        plugin.store = FileCredentialStore(private / "credentials.yaml")
+        plugin.load_tokens()
+        sent = dict(plugin.write_tokens_to_metadata([]))
+        assert sent[ACCESS_TOKEN_KEY].encode() == read_operator_secret(secret)
+    assert not private.exists() and sorted(p.name for p in home.iterdir()) == ["config.toml"]
+    with pytest.raises(PlasticError, match="no address for the connection 'y'"):
+        with operator_env("y", secret):
+            pass

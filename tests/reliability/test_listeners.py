@@ -22,7 +22,7 @@ import pytest
 from plasticlm.fednl.deploy import LocalFederation, make_node_key
 from plasticlm.fednl.processes import APP_DIR, flower_bin
 from plasticlm.fednl.simulation import SimulationLink
-from plasticlm.fednl.superlink import store_operator_secret
+from plasticlm.fednl.submit import operator_env
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 REFUSED = "only the operator"
@@ -242,7 +242,7 @@ def second_uid():
 
 @pytest.mark.slow   # two SuperLinks and a dozen flwr commands, 30-60 s
 def test_a_second_local_user_is_refused_by_both_superlinks_and_the_owner_is_not(
-        second_uid, tmp_path):
+        second_uid, tmp_path, monkeypatch):
     public = tmp_path / "keys" / "node.pub"
     make_node_key(tmp_path / "keys" / "node")
     homes = []
@@ -259,13 +259,18 @@ def test_a_second_local_user_is_refused_by_both_superlinks_and_the_owner_is_not(
             owner = _stranger_home(address)
             homes.append(owner)
             assert '"success": true' in _flwr(link.env, owner, "ls")
-            # the second uid holding the secret is the operator: flwr sends it
-            secret = owner / "operator.secret"
+            # the second uid holding the secret is the operator: flwr sends it from the
+            # private FLWR_HOME plasticlm's submit makes (`fednl submit --operator-secret-file`)
+            secret = home / "operator.secret"
             shutil.copy(link.secret, secret)
             os.chown(secret, 65534, 65534)
-            store_operator_secret(home, address, secret)
-            os.chown(home / "credentials.yaml", 65534, 65534)
-            assert '"success": true' in _flwr(link.env, home, "ls", uid=NOBODY)
+            monkeypatch.setenv("FLWR_HOME", str(home))
+            with operator_env("x", secret) as env:
+                private = Path(env["FLWR_HOME"])
+                for p in [private, *private.iterdir()]:
+                    os.chown(p, 65534, 65534)
+                assert '"success": true' in _flwr(env, private, "ls", uid=NOBODY)
+            assert not private.exists() and not (home / "credentials.yaml").exists()
         with LocalFederation(tmp_path / "fed", nodes=0, tls=True, auth=True) as fed:
             home = _stranger_home(fed.address(), fed.certs["ca"])
             homes.append(home)

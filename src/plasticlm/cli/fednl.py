@@ -73,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--federation-config", action="append", default=[], metavar="CONFIG",
                    type=non_empty,
                    help="as `flwr run`'s, e.g. 'num-supernodes=5' (repeatable)")
+    q.add_argument("--operator-secret-file", type=non_empty, default=None, metavar="FILE",
+                   help="the SuperLink's operator secret (0600), sent with every flwr call: "
+                        "to operate it as another user or from another machine")
     q.set_defaults(func=_submit)
 
 
@@ -159,7 +162,7 @@ def _submit(args) -> int:
 
     try:
         outcome = submit(args.superlink, args.app or APP_DIR, args.run_config,
-                         args.federation_config)
+                         args.federation_config, args.operator_secret_file)
     except KeyboardInterrupt:
         raise Stopped("interrupted; the run goes on on the SuperLink (`flwr ls`, `flwr stop "
                       f"RUN_ID {args.superlink}`)", signal.SIGINT) from None

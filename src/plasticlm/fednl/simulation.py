@@ -21,8 +21,8 @@ import logging
 import os
 import secrets
 import shutil
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
