@@ -60,6 +60,9 @@ def peer_uid(peer: Address, server: Address, tables=TABLES) -> int | None:
         want = (*_parse(peer), *_parse(server))
     except ValueError:
         return None
-    uids = {uid for table in tables for *addr, state, uid in _entries(table)
-            if tuple(addr) == want and state not in _DEAD}
-    return uids.pop() if len(uids) == 1 else None
+    for table in tables:   # IPv4 first, where an IPv4 client's socket is: one read, not two
+        uids = {uid for *addr, state, uid in _entries(table)
+                if tuple(addr) == want and state not in _DEAD}
+        if uids:
+            return uids.pop() if len(uids) == 1 else None
+    return None
