@@ -7,32 +7,46 @@ import torch
 
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.objective import answer_loss, param_groups, segmented_answer_backward
-from plasticlm.fednl.sections import METHODS
+from plasticlm.fednl.sections import METHODS, MethodConfig, TrainConfig
 from plasticlm.fednl.theta import set_theta, trainable
 
 
 def local_update(model, tokenizer, task, global_theta: dict, state: dict,
                  cfg: FedNLConfig, seed: int) -> tuple[dict, dict]:
-    """One round of local training from ``global_theta``; returns (the theta to send: the
-    local theta less what the method keeps on the client, metrics); the model is left
-    holding the whole local theta.
+    """One round of local training on ``task``'s batches for round ``seed``: the run's
+    :func:`client_update` (``cfg.method``, ``cfg.train``)."""
+    batches = task.batches(tokenizer, cfg.train.local_steps + cfg.method.ala_steps,
+                           cfg.train.batch_size, seed)
+    return client_update(model, batches, global_theta, state, cfg.method, cfg.train)
 
-    ``state`` (the client's personal tensors) is read and updated in place.
+
+def client_update(model, batches, global_theta: dict, state: dict, method_cfg: MethodConfig,
+                  train: TrainConfig) -> tuple[dict, dict]:
+    """One client's round from ``global_theta``: the method's initial theta, ``train.local_steps``
+    steps on ``batches`` with the method's objective; returns (the theta to send: the local
+    theta less what the method keeps on the client, metrics). No run folder or data config.
+
+    ``model``: prepared by :func:`plasticlm.fednl.prepare_model` for ``method_cfg``;
+    ``batches``: a list of ``(ids, labels)``, each ``[B, T]`` long tensors, labels -100 where
+    no loss is taken (``local_steps + method_cfg.ala_steps`` of them: FedALA learns its
+    weights on the extra ones); ``state``: the client's personal tensors, read and updated in
+    place. The model is left holding the whole local theta.
+
+    >>> theta, metrics = client_update(model, batches, get_theta(model), {},
+    ...                                MethodConfig(name="fednl", window=16), TrainConfig())  # doctest: +SKIP
     """
-    method, train = METHODS[cfg.method.name](), cfg.train
+    method = METHODS[method_cfg.name]()
     # the round runs where the model is: theta, anchors and personal state join it there,
     # and go back to the CPU (the wire, the client's disk) at the end
     device = next(model.parameters()).device
     global_theta = _to(global_theta, device)
     state.update(_to(state, device))
-    batches = task.batches(tokenizer, train.local_steps + cfg.method.ala_steps, train.batch_size,
-                           seed)
-    start = method.initial(model, global_theta, state, batches, cfg.method)
+    start = method.initial(model, global_theta, state, batches, method_cfg)
     set_theta(model, start)
     params = trainable(model)
     opt = torch.optim.AdamW(param_groups(params, train.gate_lr), lr=method.learning_rate(train),
                             weight_decay=0.0)
-    objective = method.objective(params, global_theta, state, cfg.method)
+    objective = method.objective(params, global_theta, state, method_cfg)
 
     model.train()
     losses = []
