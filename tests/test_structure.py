@@ -15,7 +15,8 @@ MAX_LINES = 300
 # or its own (docs/architecture.md draws the same picture).
 LAYERS = {
     0: {"errors", "env", "registry", "config", "runs", "outputs", "runtime", "tensor_files",
-        "plotting", "tls", "cpu", "run_lock", "process_guard", "listener"},
+        "plotting", "tls", "cpu", "run_lock", "process_guard", "listener", "home", "nofollow",
+        "config_files"},
     1: {"models", "data", "eval"},
     2: {"memory", "sandbox"},
     3: {"fednl", "refine", "scol"},

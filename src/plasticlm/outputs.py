@@ -6,9 +6,14 @@ line, to delete, replace or write into a non-empty folder without one.
 folder, never remove or replace one there: it is refused when the folder already holds a
 name plasticlm writes (``OWN_NAMES``), and the names it held are kept by every later clear.
 
-A folder inside a marked one is plasticlm's too (round folders, checkpoints, fusers). A run
-folder from before the marker (``config.json`` beside one of ``LEGACY_RUN_FILES``) is
-accepted and marked; a Hugging Face model folder (``config.json`` and weights) is not.
+A marker covers only the names plasticlm creates in its folder: a subfolder is plasticlm's
+when it carries its own marker or bears one of those names (``OWN_NAMES``: round folders,
+checkpoints, fusers); any other subfolder (a user's ``newdata/``) is neither cleared nor
+replaced, and is judged by its own contents when given as an output. A marked folder of
+another kind (a run folder given to ``build-tiny``) is refused. Nothing is trusted for lying
+in the cache home. A run folder from before the marker (``config.json`` beside one of
+``LEGACY_RUN_FILES``) is accepted and marked; a Hugging Face model folder (``config.json``
+and weights) is not. No marker or folder is written through a symbolic link.
 
 >>> prepare_output("runs/demo", "run", fresh=True)   # doctest: +SKIP
 """
@@ -20,14 +25,14 @@ import contextvars
 import fnmatch
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from plasticlm import __version__
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, clip
+from plasticlm.nofollow import write_text
 
 MARKER = ".plasticlm"
 KINDS = ("run", "experiment", "report", "model", "fuser", "registry", "data", "checkpoint",
@@ -41,9 +46,30 @@ LEGACY_RUN_FILES = ("metrics.jsonl", "checkpoint.json", "summary.json", "result.
 OWN_NAMES = ("*.json", "*.jsonl", "*.md", "*.html", "*.png", "*.safetensors", "*.bin",
              "*.txt", "*.model", "*.log", "*.partial", "round_*", "final", "fusers", "clients",
              "consolidated", "checkpoint", "report", "tensorboard", "seed-*", "meta_*",
-             "taught", "corpus", "mmlu", "specialist_mmlu", "squad", "longbench", "tokenizers")
+             "taught", "corpus", "mmlu", "specialist_mmlu", "squad", "longbench", "tokenizers",
+             "server-done", "stop-requested", "*.pem", "*.key", "*.crt", "*.secret", "*.pt",
+             "flwr_home", "certs", "keys", "world", "reference", "pretrained", "drills",
+             "*.ckpt", "train", "test", "meta")
+# Kinds one folder may be prepared as: an experiment folder holds its run's files, and the
+# reverse; any other pair is refused (a model never replaces a run's checkpoints).
+_SAME_KIND = ({"run", "experiment"},)
 _OVERWRITE = contextvars.ContextVar("plasticlm_overwrite", default=False)
 log = logging.getLogger(__name__)
+
+
+NAME_MAX_BYTES = 255   # a folder name's limit on Linux and macOS file systems
+
+
+def check_folder_name(name: str, what: str = "name") -> str:
+    """Refuse, in one line, a name that cannot be one folder: empty, '.' or '..', a '/' or
+    '\\', a control character (NUL, newline) or longer than a file system allows."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if name.strip(". ") == "" or any(c in name for c in "/\\") or not name.isprintable() or \
+            size > NAME_MAX_BYTES:
+        raise PlasticError(f"{what} {clip(name)!r} must be a folder name: not empty, no '/', "
+                           f"no control character, at most {NAME_MAX_BYTES} bytes (it has "
+                           f"{size})")
+    return name
 
 
 @contextlib.contextmanager
@@ -72,18 +98,6 @@ def _legacy_run(folder: Path) -> bool:
         (folder / name).exists() for name in LEGACY_RUN_FILES)
 
 
-def cache_root() -> Path:
-    """``$PLASTICLM_HOME`` or ``~/.cache/plasticlm`` (not created here)."""
-    home = os.environ.get("PLASTICLM_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "plasticlm"
-
-
-def _in_cache(folder: Path) -> bool:
-    """The cache is plasticlm's own home: its sandbox models predate the markers."""
-    try:
-        return folder.resolve().is_relative_to(cache_root().resolve())
-    except OSError:
-        return False
 
 
 def _state(folder: Path) -> str:
@@ -92,28 +106,58 @@ def _state(folder: Path) -> str:
         return "absent"
     if not folder.is_dir() or folder.is_symlink():
         return "file"
-    if read_marker(folder) is not None or _in_cache(folder):
-        return "ours"
-    parent = read_marker(folder.parent)   # a folder inside a marked one is plasticlm's
-    if parent is not None and folder.name not in parent.get("kept", []):
+    if read_marker(folder) is not None or _made_inside(folder):
         return "ours"
     if not any(folder.iterdir()):
         return "empty"
     return "legacy" if _legacy_run(folder) else "foreign"
 
 
+def _own_name(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, g) for g in OWN_NAMES)
+
+
+def _made_inside(folder: Path) -> bool:
+    """A subfolder plasticlm made inside a marked folder: one of the names it creates there
+    (a marker covers nothing else), not one the user had there before (``kept``)."""
+    parent = read_marker(folder.parent)
+    return parent is not None and _own_name(folder.name) and \
+        folder.name not in parent.get("kept", [])
+
+
+def _users(entry: Path, kept: list[str]) -> bool:
+    """Whether ``entry`` of a marked folder is the user's: a name kept by ``--overwrite``, or
+    a subfolder plasticlm neither marked nor names (never cleared or replaced)."""
+    if entry.name in kept:
+        return True
+    return entry.is_dir() and not entry.is_symlink() and not _own_name(entry.name) and \
+        read_marker(entry) is None
+
+
+def _check_kind(folder: Path, kind: str, hint: str) -> None:
+    have = (read_marker(folder) or {}).get("kind")
+    if have not in (None, kind) and not any({have, kind} <= s for s in _SAME_KIND):
+        raise PlasticError(f"{clip(folder)} holds plasticlm's {have} files, not a {kind}: "
+                           f"nothing was removed or written: {hint}")
+
+
 def _collisions(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()
-                  if any(fnmatch.fnmatch(p.name, g) for g in OWN_NAMES))
+    return sorted(p.name for p in folder.iterdir() if _own_name(p.name))
 
 
 def check_output(folder: str | Path, hint: str = "choose another output folder") -> str:
     """Refuse (``PlasticError``, one line ending with ``hint``) when a command may not write
     ``folder``; writes nothing. Returns its state (absent, empty, ours, legacy, foreign)."""
     folder = Path(folder)
-    state = _state(folder)
+    try:
+        state = _state(folder)
+    except (OSError, ValueError) as e:   # a name too long, a NUL byte, a folder unreadable
+        raise PlasticError(f"{clip(folder)} cannot be used as an output folder "
+                           f"({getattr(e, 'strerror', None) or e}); nothing was written: "
+                           f"{hint}") from None
     if state == "file":
-        raise PlasticError(f"{folder} exists and is not a folder; nothing was written: {hint}")
+        raise PlasticError(f"{clip(folder)} exists and is not a folder; nothing was written: "
+                           f"{hint}")
     if state == "foreign":
         if not _OVERWRITE.get():
             raise PlasticError(f"{folder} is not empty and was not written by plasticlm (no "
@@ -133,35 +177,45 @@ def _write_marker(folder: Path, kind: str, kept: list[str]) -> None:
     if kept:
         marker["kept"] = kept   # the user's files --overwrite added to: never removed
     tmp = folder / (MARKER + ".partial")
-    tmp.write_text(json.dumps(marker) + "\n")
+    write_text(tmp, json.dumps(marker) + "\n")   # never through a link planted there
     tmp.replace(folder / MARKER)
+
+
+def _mkdir(folder: Path, hint: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as e:   # read-only, /proc, a file on the way, a NUL byte
+        raise PlasticError(f"cannot create the output folder {clip(folder)} "
+                           f"({getattr(e, 'strerror', None) or e}); nothing was written: "
+                           f"{hint}") from None
 
 
 def prepare_output(folder: str | Path, kind: str, *, fresh: bool = False,
                    hint: str = "choose another output folder") -> Path:
     """Make ``folder`` a marked output folder of ``kind`` (created with its parents when
     absent). ``fresh``: empty a marked folder first (what an earlier plasticlm run left;
-    never a name it ``kept``). Refuses as :func:`check_output` does."""
+    never a name it ``kept`` nor a subfolder of the user's). Refuses as :func:`check_output`
+    does, and a folder marked as another kind."""
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r}")
     folder = Path(folder)
     state = check_output(folder, hint)
-    marker = read_marker(folder) or {}
-    kept = list(marker.get("kept", []))
+    _check_kind(folder, kind, hint)
+    kept = list((read_marker(folder) or {}).get("kept", []))
     if state == "legacy":
         log.info("%s: a run folder from before output markers; marking it", folder)
     if state == "foreign":
         kept = sorted(p.name for p in folder.iterdir())
     if fresh and state in ("ours", "legacy"):
         for entry in folder.iterdir():
-            if entry.name in kept or entry.name == MARKER:
+            if entry.name == MARKER or _users(entry, kept):
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
-    if state != "ours":
+    _mkdir(folder, hint)
+    if read_marker(folder) is None:   # its own, also inside a marked folder
         _write_marker(folder, kind, kept)
     return folder
 
@@ -170,28 +224,35 @@ def prepare_output(folder: str | Path, kind: str, *, fresh: bool = False,
 def atomic_output(folder: str | Path, kind: str) -> Iterator[Path]:
     """A fresh marked folder beside ``folder`` to write into; when the block ends without
     error it replaces ``folder`` (a crash never leaves half a model there). A folder without
-    a marker is never removed: refused, or with ``--overwrite`` the new files are added."""
+    a marker is never removed: refused, or with ``--overwrite`` the new files are added; a
+    subfolder of the user's in a marked folder stays."""
     folder = Path(folder)
+    hint = "choose another output folder"
     state = check_output(folder)
+    _check_kind(folder, kind, hint)
     tmp = folder.with_name(folder.name + ".partial")
     if _state(tmp) not in ("absent", "empty", "ours"):
-        raise PlasticError(f"{tmp} exists and was not written by plasticlm; nothing was "
-                           "written: move it or choose another output folder")
+        raise PlasticError(f"{clip(tmp)} exists and was not written by plasticlm; nothing "
+                           "was written: move it or choose another output folder")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    _mkdir(tmp, hint)
     _write_marker(tmp, kind, [])
     try:
         yield tmp
     except BaseException:   # an error, not a kill: nothing half-written is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    kept = sorted(p.name for p in folder.iterdir()) if state == "foreign" else \
-        list((read_marker(folder) or {}).get("kept", []))
+    if state == "foreign":
+        kept = sorted(p.name for p in folder.iterdir())
+    else:
+        marked = list((read_marker(folder) or {}).get("kept", []))
+        kept = sorted(p.name for p in folder.iterdir() if _users(p, marked)) \
+            if state == "ours" else []
     if not kept:
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         return
-    # --overwrite: add, never replace (the user's names cannot clash: check_output)
+    # add, never replace the user's (their names cannot clash: check_output, _users)
     for entry in tmp.iterdir():
         dest = folder / entry.name
         if dest.is_dir() and not dest.is_symlink():

@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from plasticlm.errors import PlasticError
-from plasticlm.outputs import atomic_output, cache_root, prepare_output
+from plasticlm.home import cache_home
+from plasticlm.nofollow import write_text
+from plasticlm.outputs import atomic_output, prepare_output
 
-
-def cache_home() -> Path:
-    """Where models and generated data live: ``$PLASTICLM_HOME`` or ``~/.cache/plasticlm``."""
-    path = cache_root()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+__all__ = ["cache_home", "write_text_atomic", "atomic_folder", "clear_run_folder", "RunDir",
+           "read_metrics", "shared_data_dir"]
 
 
 def _jsonable(obj: Any) -> Any:
@@ -43,10 +41,11 @@ def _jsonable(obj: Any) -> Any:
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` beside ``path`` and rename it into place: a crash leaves the old file or
-    the new one, never half of one."""
+    the new one, never half of one; a link planted at either name is refused or replaced,
+    never followed."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(text)
+    write_text(tmp, text)
     os.replace(tmp, path)
     return path
 
@@ -99,8 +98,7 @@ class RunDir:
     def log(self, **metrics: Any) -> dict:
         """Append one record (with a wall-clock ``time``) to ``metrics.jsonl``."""
         record = {"time": round(time.time(), 3), **_jsonable(metrics)}
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        write_text(self.metrics_path, json.dumps(record, allow_nan=False) + "\n", append=True)
         return record
 
     def metrics(self) -> list[dict]:

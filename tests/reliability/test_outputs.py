@@ -144,8 +144,8 @@ def test_overwrite_adds_files_and_never_replaces_or_removes(tmp_path, capsys):
         assert status == 0, lines
         assert (theirs / "thesis.tex").read_text() == "years of work"
         assert (theirs / "config.json").is_file() and read_marker(theirs)["kept"] == ["thesis.tex"]
-    with overwrite_allowed(False):   # marked now: a new run clears only what plasticlm wrote
-        clear_run_folder(theirs, "")
+    with overwrite_allowed(False):   # marked now: a clear removes only what plasticlm wrote
+        prepare_output(theirs, "model", fresh=True)
     assert sorted(p.name for p in theirs.iterdir()) == [MARKER, "thesis.tex"]
 
 

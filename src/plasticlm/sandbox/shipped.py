@@ -4,7 +4,8 @@ produced them.
 
 A fresh clone then has the family at once: :func:`install_shipped` checks every hash and
 copies the files into the cache (``preset_dir``), where the rest of plasticlm finds them as if
-pre-trained there; :func:`verify_installed` re-checks the installed copy when the family is
+pre-trained there: into marked folders only, never through a symbolic link, each manifest
+checked as outside input (``read_manifest``); :func:`verify_installed` re-checks the installed copy when the family is
 loaded (once per process while its files keep their size and mtime). ``plasticlm models pretrain --preset sandbox --ship`` rebuilds the family and
 writes a new shipped copy (``write_shipped``).
 """
@@ -21,7 +22,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from plasticlm.errors import PlasticError
+from plasticlm.errors import PlasticError, clip
+from plasticlm.home import cache_root
+from plasticlm.nofollow import check_no_links, copy_file, make_dirs
+from plasticlm.outputs import prepare_output
 from plasticlm.runs import write_text_atomic
 
 log = logging.getLogger("plasticlm.sandbox")
@@ -52,9 +56,38 @@ def _family_files(root: Path) -> list[Path]:
                               for s in _SKIP_PARTS))
 
 
+def _plain(rel: object) -> bool:
+    """A manifest's file name: a relative path inside its folder (no '..', no absolute path,
+    no control character)."""
+    if not isinstance(rel, str) or not rel or not rel.isprintable() or "\\" in rel:
+        return False
+    parts = Path(rel).parts
+    return not Path(rel).is_absolute() and all(p not in ("", ".", "..") for p in parts)
+
+
+def _entry(want: object) -> bool:
+    return isinstance(want, dict) and isinstance(want.get("sha256"), str) and \
+        type(want.get("bytes")) is int and want["bytes"] >= 0
+
+
 def read_manifest(folder: Path) -> dict | None:
+    """``folder``'s manifest (None when it has none), refused in one line when it is not
+    JSON or its ``files`` are not plain relative names with a hash and a size each: a
+    manifest in the cache is outside input."""
     path = folder / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise PlasticError(f"the manifest {clip(path)} is unreadable ({clip(e)}); delete "
+                           f"{clip(folder)} to install or rebuild it") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(_plain(r) and _entry(w) for r, w in files.items()):
+        raise PlasticError(f"the manifest {clip(path)} is malformed (it needs 'files': plain "
+                           f"relative names, each with sha256 and bytes); delete "
+                           f"{clip(folder)} to install or rebuild it")
+    return manifest
 
 
 def mismatches(folder: Path, manifest: dict) -> list[str]:
@@ -90,7 +123,9 @@ def shipped_keys(preset: str) -> dict[str, str] | None:
 def install_shipped(preset: str, dest: Path) -> bool:
     """Copy the shipped family of ``preset`` into ``dest`` after checking every file's hash;
     False when there is none. A file that differs from the manifest is refused with what to
-    do, before anything is copied."""
+    do, before anything is copied. ``dest`` and each folder of a member are marked (a folder
+    there that plasticlm did not write is refused), and a symbolic link anywhere below the
+    cache home (or ``dest``'s parent outside it) is refused, never written through."""
     src = shipped_dir(preset)
     manifest = read_manifest(src)
     if manifest is None:
@@ -100,10 +135,18 @@ def install_shipped(preset: str, dest: Path) -> bool:
         raise _refusal(src, bad, preset, "restore the repository's copy (`git checkout -- "
                        "src/plasticlm/sandbox/family`)")
     t0 = time.time()
-    dest.mkdir(parents=True, exist_ok=True)
+    home = cache_root()
+    root = home if dest.is_relative_to(home) else dest.parent
+    hint = f"delete {clip(dest)} to install the shipped family again"
+    make_dirs(dest.parent, root)
+    prepare_output(check_no_links(dest, root), "model", hint=hint)
+    for top in sorted({Path(rel).parts[0] for rel in manifest["files"]
+                       if len(Path(rel).parts) > 1}):
+        prepare_output(check_no_links(dest / top, dest), "data" if top == "world" else
+                       "model", hint=hint)
     for rel in manifest["files"]:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src / rel, dest / rel)
+        make_dirs((dest / rel).parent, dest)
+        copy_file(src / rel, check_no_links(dest / rel, dest))
     write_text_atomic(dest / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     log.info("installed the shipped sandbox family %r (%d files, %.1f MB, checked against "
              "its SHA-256 manifest) in %s in %.1f s", preset, len(manifest["files"]),
