@@ -55,7 +55,7 @@ def loopback(ip: str) -> bool:
     return addr.is_loopback
 
 
-@pytest.mark.slow   # a whole run, 60-150 s on 2 cores: `make test-slow`
+@pytest.mark.slow   # a whole run, 90-150 s on 2 cores: `make test-slow`
 def test_every_socket_a_fednl_run_opens_is_on_loopback_and_ray_asks_for_a_token(tmp_path):
     cmd = [sys.executable, "-m", "plasticlm.cli", "fednl", "run", "--quick", "--set",
            "data.max_test=4", "--set", "data.split=dirichlet", "--set", "data.num_clients=2",
@@ -164,7 +164,7 @@ def _reaches(ns: str, host: str, port: int) -> bool:
                           capture_output=True, timeout=30).returncode == 0
 
 
-@pytest.mark.slow   # a Ray cluster and drivers in another network namespace, 30-60 s
+@pytest.mark.slow   # a Ray cluster and drivers in another network namespace, 20-50 s
 def test_a_ray_driver_from_another_address_is_refused_and_one_without_the_token_too(
         namespace, tmp_path):
     ns, host = namespace
@@ -240,7 +240,7 @@ def second_uid():
         pytest.skip("acting as a second uid needs root and setpriv (util-linux)")
 
 
-@pytest.mark.slow   # two SuperLinks and a dozen flwr commands, 30-60 s
+@pytest.mark.slow   # two SuperLinks and a dozen flwr commands, 20-40 s
 def test_a_second_local_user_is_refused_by_both_superlinks_and_the_owner_is_not(
         second_uid, tmp_path, monkeypatch):
     public = tmp_path / "keys" / "node.pub"

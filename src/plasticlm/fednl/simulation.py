@@ -44,9 +44,10 @@ from plasticlm.fednl.superlink import make_operator_secret, store_operator_secre
 
 log = logging.getLogger("plasticlm.fednl")
 CONNECTION = "simulation"
-# Flower's Ray logs say nothing a run's user needs; the clients' own errors reach the server
+# Flower's Ray logs say nothing a run's user needs; the clients' own errors reach the server.
+# Ray's usage statistics (on by default, sent to Ray's servers) stay off: a run sends nothing.
 RAY_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_DISABLE_IMPORT_WARNING": "1",
-           "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+           "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 # What would point Ray elsewhere than the cluster a run starts, or at another token
 RAY_UNSET = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR")
 
