@@ -17,10 +17,12 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
     q = models_subparsers.add_parser(
         "pretrain", help="pre-train the sandbox models, or one model on a text file",
         description="--preset NAME trains the preset's world, tokenizers and models into the "
-        "cache (cache_home()/models/sandbox[-NAME]-v2), prints the probe table with 95%% "
+        "cache (cache_home()/models/sandbox[-NAME]-vN), prints the probe table with 95%% "
         "intervals and writes report.json; a killed run resumes where it stopped; --text FILE --out DIR "
         "trains a tokenizer and one model on a plain-text corpus.")
-    q.add_argument("--preset", default=None, help="sandbox (v2, 13-16 min on 2 idle cores the first time) or quick")
+    q.add_argument("--preset", default=None, help="sandbox (v2, the default family: 13-16 min on 2 idle cores the first "
+                   "time), sandbox-v3 (a family that reads its context: hours; resumable), "
+                   "quick or quick-v3 (seconds-long miniatures)")
     q.add_argument("--text", default=None, help="plain-text corpus, documents separated by "
                    "<|endoftext|>")
     q.add_argument("--out", default=None, help="output folder (required with --text)")
@@ -45,6 +47,7 @@ def _pretrain(args) -> int:
         probe_table,
     )
     from plasticlm.sandbox.pretrain import family_current, member_key
+    from plasticlm.sandbox.reading_probes import reading_table
     from plasticlm.sandbox.shipped import read_manifest, write_shipped
 
     if args.threads:
@@ -77,6 +80,9 @@ def _pretrain(args) -> int:
                              "plasticlm " + " ".join(sys.argv[1:]), report)
         print(f"shipped copy and manifest.json in {dest}")
     print(probe_table(report))
+    reading = reading_table(report)
+    if reading:
+        print("\n" + reading)
     print(f"sandbox v{report['sandbox_version']}: {report['total_seconds']:.0f} s wall, "
           f"{report['total_cpu_seconds']:.0f} s CPU on {report['torch_threads']} threads "
           "(models already trained are loaded, not timed again)")

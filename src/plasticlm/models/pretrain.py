@@ -202,3 +202,64 @@ def train_lm_repacked(model, tokenizer, documents: Sequence[str], steps: int, se
     return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
                        checkpoint, checkpoint_every,
                        f"repacked:{checkpoint_key}:{seed}:{seq_len}:{batch_size}")
+
+
+Segments = Sequence[tuple[str, bool]]
+
+
+def packed_segment_batch(tokenizer, draw: Callable[[random.Random], Segments], batch_size: int,
+                         seq_len: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, in_loss)``, both ``[batch_size, seq_len + 1]``, packed afresh like
+    :func:`packed_batch` from documents ``draw(rng)`` returns as ``(text, in_loss)``
+    segments (each encoded on its own, so an answer's tokens are those a scorer sees after
+    its prompt); ``in_loss[b, t]`` says whether token t is a target of the loss (BOS and EOS
+    always are)."""
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    need = batch_size * seq_len + 1
+    flat: list[int] = []
+    mask: list[bool] = []
+    while len(flat) < need:
+        segments = draw(rng)
+        encoded = tokenizer([t for t, _ in segments], add_special_tokens=False)["input_ids"]
+        flat.append(bos)
+        mask.append(True)
+        for ids, (_, in_loss) in zip(encoded, segments):
+            flat.extend(ids)
+            mask.extend([in_loss] * len(ids))
+        flat.append(eos)
+        mask.append(True)
+    start = rng.randrange(len(flat) - need + 1)
+    n = batch_size
+    return (_blocks(torch.tensor(flat[start:start + need]), n, seq_len),
+            _blocks(torch.tensor(mask[start:start + need]), n, seq_len))
+
+
+def masked_lm_loss(model, tokens: torch.Tensor, in_loss: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the targets ``in_loss`` marks (``[B, T+1]`` each)."""
+    device = next(model.parameters()).device
+    tokens, in_loss = tokens.to(device), in_loss.to(device)
+    targets = tokens[:, 1:].masked_fill(~in_loss[:, 1:], -100)
+    logits = model(tokens[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def train_lm_segments(model, tokenizer, draw: Callable[[random.Random, int], Segments], steps: int,
+                      seq_len: int, batch_size: int = 8, lr: float = 2e-3, warmup: int = 50,
+                      weight_decay: float = 0.01, seed: int = 0, desc: str = "pre-train",
+                      progress: bool = True, checkpoint: str | Path | None = None,
+                      checkpoint_every: int = 50, checkpoint_key: str = "") -> list[float]:
+    """:func:`train_steps` over batches :func:`packed_segment_batch` packs afresh at every
+    step from ``draw(rng, step)`` (``rng`` a ``random.Random`` of ``(seed, step)``, so a
+    resumed run repeats the uninterrupted one; ``step`` lets the mix follow a curriculum);
+    the loss is on the segments marked for it. ``checkpoint_key``
+    must name what ``draw`` draws. Returns the losses."""
+    stride = max(7919, steps)
+
+    def loss_at(step: int) -> torch.Tensor:
+        rng = random.Random(seed * stride + step)
+        return masked_lm_loss(model, *packed_segment_batch(
+            tokenizer, lambda r: draw(r, step), batch_size, seq_len, rng))
+
+    return train_steps(model, loss_at, steps, lr, warmup, weight_decay, desc, progress,
+                       checkpoint, checkpoint_every,
+                       f"segments:{checkpoint_key}:{seed}:{seq_len}:{batch_size}")

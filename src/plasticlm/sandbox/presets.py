@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from plasticlm.errors import PlasticError
 from plasticlm.runs import cache_home
+from plasticlm.sandbox.reading import ReadingMix
 from plasticlm.sandbox.world import WorldConfig
 
 SANDBOX_VERSION = 2
@@ -50,6 +51,10 @@ class ModelSpec:
     # continue training on ``corpus``: a specialist is a general model adapted to private
     # data, and needs no minutes to learn the language again.
     init_from: str = ""
+    # Share of pre-training documents that are fresh reading documents (sandbox.reading,
+    # with the preset's ``reading`` mix), packed afresh every step; 0 = the v2 recipe
+    # (fixed blocks of the corpus).
+    reading_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,12 @@ class Preset:
     openbook_filler: tuple[int, int] = (40, 80)
     openbook_samples: int = 200
     checkpoint_every: int = 50
+    # Kinds and sizes of the reading documents of members with a ``reading_share``.
+    reading: ReadingMix = ReadingMix()
+    # Reading probes (sandbox.reading_probes): items per probe.
+    reading_samples: int = 200
+    reading_needle_tokens: int = 224
+    version: int = SANDBOX_VERSION
 
 
 PRESETS: dict[str, Preset] = {
@@ -105,6 +116,36 @@ PRESETS: dict[str, Preset] = {
                    batch_size=4, corpus="specialist", init_from="transmitter-llama")),
         seq_len=64, niah=(("single", 160),), niah_samples=2, drill_lengths=(48,),
         drill_batch_size=2, openbook_samples=8, checkpoint_every=1),
+    # v3: every member pre-trains on the world's corpus mixed with fresh reading documents
+    # (sandbox.reading), so that it reads its context; a 16-layer receiver (docs/sandbox.md).
+    "sandbox-v3": Preset(
+        "sandbox-v3", WorldConfig(seed=0),
+        (TokenizerSpec("bpe1024", 1024, "train"), TokenizerSpec("bpe768", 768, "mixed")),
+        (ModelSpec("receiver", "qwen3", "bpe1024", 128, 16, 4, 2, 32, 384, steps=6000,
+                   reading_share=0.5),
+         ModelSpec("transmitter-llama", "llama", "bpe768", 128, 6, 4, 2, 32, 352, steps=3000,
+                   seed=1, reading_share=0.5),
+         ModelSpec("transmitter-qwen2", "qwen2", "bpe1024", 96, 6, 4, 2, 24, 256, steps=3000,
+                   seed=2, reading_share=0.5),
+         ModelSpec("specialist", "llama", "bpe768", 128, 6, 4, 2, 32, 352, steps=1000,
+                   corpus="specialist", lr=3e-3, seed=3, init_from="transmitter-llama",
+                   reading_share=0.2)),
+        specialist_general_fraction=0.05, checkpoint_every=100, version=3),
+    # A seconds-long v3 miniature for tests.
+    "quick-v3": Preset(
+        "quick-v3",
+        WorldConfig(seed=0, core_per_domain=8, unseen_per_domain=2, specialist_entities=8,
+                    max_mentions=3, drills=6, longbench_per_length=1,
+                    longbench_words=(120, 200, 300), streams=1, stream_length=3),
+        (TokenizerSpec("bpe320", 320, "train"),),
+        (ModelSpec("receiver", "qwen3", "bpe320", 32, 2, 2, 1, 16, 64, steps=3, batch_size=4,
+                   reading_share=0.5),
+         ModelSpec("specialist", "qwen3", "bpe320", 32, 2, 2, 1, 16, 64, steps=2,
+                   batch_size=4, corpus="specialist", init_from="receiver",
+                   reading_share=0.2)),
+        seq_len=64, niah=(("single", 160),), niah_samples=2, openbook_samples=8,
+        reading=ReadingMix(needle_tokens=(320, 400)), reading_samples=8,
+        reading_needle_tokens=400, checkpoint_every=1, version=3),
 }
 
 
@@ -129,7 +170,9 @@ def get_preset(name: str) -> Preset:
 
 
 def preset_dir(preset: str = "sandbox") -> str:
-    """Where a preset's world and models live: ``cache_home()/models/sandbox[-<preset>]``.
-    v2 folders carry the version, so a v1 cache is never mistaken for them."""
-    name = "sandbox" if preset == "sandbox" else f"sandbox-{preset}"
-    return cache_home() / "models" / f"{name}-v{SANDBOX_VERSION}"
+    """Where a preset's world and models live: ``cache_home()/models/sandbox[-<preset>]-v<N>``
+    (``sandbox-v3`` for the preset of that name). Folders carry the version, so an older
+    family is never mistaken for them."""
+    name = preset if preset.startswith("sandbox") else f"sandbox-{preset}"
+    version = f"-v{get_preset(preset).version}"
+    return cache_home() / "models" / (name if name.endswith(version) else name + version)

@@ -14,7 +14,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -22,26 +22,27 @@ import torch
 from plasticlm.cpu import FLOAT_PATH
 from plasticlm.data.niah import haystack_sentences
 from plasticlm.errors import PlasticError
-from plasticlm.models import (
-    build_tiny,
-    describe,
-    evaluate_loss,
-    load_causal_lm,
-    pack_corpus,
-    train_bpe_tokenizer,
-    train_lm,
-    unigram_loss,
-)
-from plasticlm.runs import atomic_folder, write_text_atomic
+from plasticlm.models import describe, pack_corpus, train_bpe_tokenizer, train_lm
+from plasticlm.models.pretrain import train_lm_segments
 from plasticlm.runtime import machine, seed_everything
 from plasticlm.sandbox.drills import train_drills
-from plasticlm.sandbox.presets import SANDBOX_VERSION, ModelSpec, Preset, get_preset, preset_dir
+from plasticlm.sandbox.member import (  # noqa: F401  (save_model_atomic, build_model: used by others)
+    build_model,
+    cpu_seconds,
+    load_member,
+    loss_report,
+    save_model_atomic,
+    write_json_atomic,
+)
+from plasticlm.sandbox.presets import ModelSpec, Preset, get_preset, preset_dir
 from plasticlm.sandbox.probes import (
     evaluate_niah,
     evaluate_openbook,
     evaluate_world_mc,
     probe_table,
 )
+from plasticlm.sandbox.reading import document_drawer
+from plasticlm.sandbox.reading_probes import evaluate_reading, reading_table
 from plasticlm.sandbox.shipped import (
     forget_shipped,
     install_shipped,
@@ -56,44 +57,6 @@ from plasticlm.sandbox.world_index import write_world
 log = logging.getLogger("plasticlm.sandbox")
 
 
-def save_model_atomic(model, tokenizer, out: Path) -> None:
-    """Save an HF folder (model and tokenizer) so that a crash never leaves half a model."""
-    with atomic_folder(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
-
-
-def _load(folder: Path):
-    """A member in float32 on the CPU, whatever the command's --device/--dtype: the family
-    (and its probe numbers) must not depend on the command that happened to build it."""
-    return load_causal_lm(folder, dtype="float32", device="cpu")
-
-
-def build_model(spec: ModelSpec, vocab_size: int, max_len: int):
-    return build_tiny(spec.arch, seed=spec.seed, vocab_size=vocab_size,
-                      hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                      num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                      head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-                      max_position_embeddings=max_len)
-
-
-def _cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def loss_report(model, tokenizer, train_docs, valid_docs, seq_len: int) -> dict:
-    train = pack_corpus(tokenizer, train_docs, seq_len)
-    valid = pack_corpus(tokenizer, valid_docs, min(seq_len, 64))
-    return {"valid_loss": round(evaluate_loss(model, valid), 4),
-            "unigram_loss": round(unigram_loss(train, valid, len(tokenizer)), 4),
-            "train_tokens": int(train[:, 1:].numel())}
-
-
 def member_key(p: Preset, spec: ModelSpec) -> str:
     """Everything a trained member depends on: its spec, its parent's key, the world, its
     tokenizer, the sequence length and the drill settings. A saved model or checkpoint is
@@ -101,11 +64,18 @@ def member_key(p: Preset, spec: ModelSpec) -> str:
     parent = next((m for m in p.models if m.name == spec.init_from), None)
     drills = ((p.drill_lengths, p.drill_batch_size, p.drill_lr, p.drill_reading_share,
                p.drill_reading_filler) if spec.drill_steps else None)
-    return json.dumps({"spec": asdict(spec), "world": asdict(p.world), "seq_len": p.seq_len,
+    fields = asdict(spec)
+    extra = {}
+    if spec.reading_share:
+        extra["reading"] = asdict(p.reading)
+    else:
+        del fields["reading_share"]   # v2's keys (and its shipped family) stay as they were
+    return json.dumps({"spec": fields, "world": asdict(p.world), "seq_len": p.seq_len,
                        "tokenizer": asdict(next(t for t in p.tokenizers
                                                 if t.name == spec.tokenizer)),
                        "general_fraction": p.specialist_general_fraction, "drills": drills,
-                       "parent": member_key(p, parent) if parent else None}, sort_keys=True)
+                       "parent": member_key(p, parent) if parent else None, **extra},
+                      sort_keys=True)
 
 
 def _openbook(p: Preset, model, tok, world: World) -> dict:
@@ -117,26 +87,30 @@ def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Pa
                   progress: bool) -> dict:
     """Pre-train (and drill) one model with checkpoints under ``folder.ckpt``; returns its
     training record."""
-    t, c = time.time(), _cpu_seconds()
+    t, c = time.time(), cpu_seconds()
     seed_everything(spec.seed)
     ckpt = folder.with_name(folder.name + ".ckpt")
     key = member_key(p, spec)
     stage1 = ckpt / "pretrained"
     stage1_info = ckpt / "pretrained.json"
     if stage1_info.exists() and json.loads(stage1_info.read_text()).get("key") == key:
-        model, _ = _load(stage1)
+        model, _ = load_member(stage1)
         info = json.loads(stage1_info.read_text())["info"]
     else:
-        blocks = pack_corpus(tok, corpus, p.seq_len)
         if spec.init_from:
-            model, _ = _load(folder.with_name(spec.init_from))
+            model, _ = load_member(folder.with_name(spec.init_from))
         else:
             model = build_model(spec, len(tok), max(2048, 4 * p.seq_len))
-        losses = train_lm(model, blocks, spec.steps, batch_size=spec.batch_size, lr=spec.lr,
-                          warmup=min(50, spec.steps // 5 + 1), seed=spec.seed,
-                          desc=f"pre-train {spec.name}", progress=progress,
-                          checkpoint=ckpt / "train", checkpoint_every=p.checkpoint_every,
-                          checkpoint_key=key)
+        run = dict(batch_size=spec.batch_size, lr=spec.lr, warmup=min(50, spec.steps // 5 + 1),
+                   seed=spec.seed, desc=f"pre-train {spec.name}", progress=progress,
+                   checkpoint=ckpt / "train", checkpoint_every=p.checkpoint_every,
+                   checkpoint_key=key)
+        if spec.reading_share:
+            draw = document_drawer(world, replace(p.reading, share=spec.reading_share),
+                                   drill_hay, tok, corpus)
+            losses = train_lm_segments(model, tok, draw, spec.steps, p.seq_len, **run)
+        else:
+            losses = train_lm(model, pack_corpus(tok, corpus, p.seq_len), spec.steps, **run)
         info = {"spec": asdict(spec), "key": key, "first_loss": round(losses[0], 4),
                 "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
                 "loss_every_10": [round(x, 4) for x in losses[::10]],
@@ -159,7 +133,7 @@ def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Pa
         info["drill_seconds"] = round(time.time() - t_drill, 1)
         info["drill_loss_every_10"] = [round(x, 4) for x in drill[::10]]
     info["train_seconds"] = round(time.time() - t, 1)
-    info["train_cpu_seconds"] = round(_cpu_seconds() - c, 1)
+    info["train_cpu_seconds"] = round(cpu_seconds() - c, 1)
     save_model_atomic(model, tok, folder)
     write_json_atomic(folder / "pretrain_info.json", info)
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -181,7 +155,7 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
         # the shipped family installed here: pre-training rebuilds it, keeping none of it
         forget_shipped(out)
         reuse = False
-    t0, c0 = time.time(), _cpu_seconds()
+    t0, c0 = time.time(), cpu_seconds()
     world = generate_world(p.world)
     world_dir = write_world(world, out / "world")
     write_world_tasks(world, world_dir, seed=p.world.seed)
@@ -203,7 +177,7 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
         log.warning("torch computes with %s here (MKL path %r), the published sandbox family "
                     "with %s on both: the family trained here may differ (docs/sandbox.md)",
                     here["torch_cpu_capability"], here["mkl_cbwr"], FLOAT_PATH)
-    report: dict = {"preset": preset, "sandbox_version": SANDBOX_VERSION, "world": asdict(p.world),
+    report: dict = {"preset": preset, "sandbox_version": p.version, "world": asdict(p.world),
                     "seq_len": p.seq_len, "machine": here,
                     "loadavg_start": [round(x, 2) for x in os.getloadavg()], "models": {}}
     report["torch_threads"] = torch.get_num_threads()
@@ -213,7 +187,7 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
         info_path = folder / "pretrain_info.json"
         info = json.loads(info_path.read_text()) if reuse and info_path.exists() else None
         if info is not None and info.get("key") == member_key(p, spec):
-            model, tok = _load(folder)
+            model, tok = load_member(folder)
         else:
             if progress:
                 log.info("pre-training %s: %d x %d %s, %d steps%s", spec.name, spec.num_layers,
@@ -221,26 +195,31 @@ def pretrain_preset(preset: str = "sandbox", out: str | Path | None = None,
                          f" + {spec.drill_steps} drill steps" if spec.drill_steps else "")
             info = _train_member(p, spec, tok, corpora[spec.corpus], folder, world,
                                  world_dir, drill_hay, niah_hay, progress)
-            model, tok = _load(folder)
-        t_eval, c_eval = time.time(), _cpu_seconds()
+            model, tok = load_member(folder)
+        t_eval, c_eval = time.time(), cpu_seconds()
         entry = {**info, "describe": describe(model), "tokenizer": spec.tokenizer,
                  **loss_report(model, tok, corpora[spec.corpus], world.valid_docs, p.seq_len),
                  "mc_core_heldout": evaluate_world_mc(model, tok, world_dir, "core"),
                  "mc_specialist": evaluate_world_mc(model, tok, world_dir, "specialist",
                                                     ("dev", "val", "test"))}
-        if spec.drill_steps:
+        if spec.drill_steps or spec.reading_share:
             entry["mc_core_dev"] = evaluate_world_mc(model, tok, world_dir, "core", ("dev",))
             entry["niah"] = evaluate_niah(model, tok, niah_hay, p.niah, p.niah_samples)
             entry["openbook"] = _openbook(p, model, tok, world)
+        if spec.reading_share:
+            entry["reading"] = evaluate_reading(model, tok, world, niah_hay, p.reading_samples,
+                                                p.reading_needle_tokens, p.openbook_filler)
         entry["eval_seconds"] = round(time.time() - t_eval, 1)
-        entry["eval_cpu_seconds"] = round(_cpu_seconds() - c_eval, 1)
+        entry["eval_cpu_seconds"] = round(cpu_seconds() - c_eval, 1)
         report["models"][spec.name] = entry
     report["total_seconds"] = round(time.time() - t0, 1)
-    report["total_cpu_seconds"] = round(_cpu_seconds() - c0, 1)
+    report["total_cpu_seconds"] = round(cpu_seconds() - c0, 1)
     report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     report["niah_chance"] = {"choice": 0.25, "single": 1e-5, "multikey": 0.25}
     write_json_atomic(out / "report.json", report)
-    (out / "probes.md").write_text(probe_table(report) + "\n")
+    reading = reading_table(report)
+    (out / "probes.md").write_text(probe_table(report) + (f"\n\n{reading}" if reading else "")
+                                   + "\n")
     return report
 
 
