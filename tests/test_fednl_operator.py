@@ -341,7 +341,9 @@ def test_peer_uid_reads_the_kernels_ipv4_ipv6_and_mapped_addresses(tmp_path):
     v4 = tmp_path / "tcp"
     v4.write_text(head +   # 127.0.0.1:40000 -> 127.0.0.1:8080, established, then TIME_WAIT
                   "   0: 0100007F:9C40 0100007F:1F90 01 0:0 00:0 0  1234 0 1\n"
-                  "   1: 0100007F:9C41 0100007F:1F90 06 0:0 00:0 0     0 0 0\n")
+                  "   1: 0100007F:9C41 0100007F:1F90 06 0:0 00:0 0     0 0 0\n"
+                  # a client that sent its request and closed: FIN_WAIT2, uid 0, inode 0
+                  "   2: 0100007F:9C44 0100007F:1F90 05 0:0 00:0 0     0 0 0\n")
     v6 = tmp_path / "tcp6"
     v6.write_text(head +   # [::1]:40002 -> [::1]:8080; ::ffff:127.0.0.1:40003 -> same
                   "   0: 00000000000000000000000001000000:9C42 "
@@ -351,6 +353,7 @@ def test_peer_uid_reads_the_kernels_ipv4_ipv6_and_mapped_addresses(tmp_path):
     tables = (v4, v6)
     assert peer_uid(("127.0.0.1", 40000), ("127.0.0.1", 8080), tables) == 1234
     assert peer_uid(("127.0.0.1", 40001), ("127.0.0.1", 8080), tables) is None  # TIME_WAIT
+    assert peer_uid(("127.0.0.1", 40004), ("127.0.0.1", 8080), tables) is None  # FIN_WAIT2
     assert peer_uid(("::1", 40002), ("::1", 8080), tables) == 4321
     assert peer_uid(("127.0.0.1", 40003), ("127.0.0.1", 8080), tables) == 77
     assert peer_uid(("127.0.0.1", 40000), ("127.0.0.1", 8081), tables) is None
@@ -390,3 +393,25 @@ def test_submit_sends_the_secret_from_a_private_copy_of_flwr_home_as_flwrs_own_t
     with pytest.raises(PlasticError, match="no address for the connection 'y'"):
         with operator_env("y", secret):
             pass
+
+
+def test_submit_never_sends_the_secret_in_the_clear_to_another_host(tmp_path, monkeypatch):
+    """An insecure connection to an address that is not loopback is refused before flwr runs
+    (flwr would send the stored secret as a Bearer token over plain HTTP); loopback is fine."""
+    from plasticlm.fednl.submit import operator_env
+
+    home = tmp_path / "flwr"
+    home.mkdir()
+    monkeypatch.setenv("FLWR_HOME", str(home))
+    secret = make_operator_secret(tmp_path / "operator.secret")
+    for address, refused in (("192.0.2.2:9093", True), ("127.0.0.1:9093", False),
+                             ("[::1]:9093", False)):
+        (home / "config.toml").write_text('[superlink]\ndefault = "x"\n\n[superlink.x]\n'
+                                          f'address = "{address}"\ninsecure = true\n')
+        if refused:
+            with pytest.raises(PlasticError, match="sent only over TLS or to 127.0.0.1"):
+                with operator_env("x", secret):
+                    pass
+        else:
+            with operator_env("x", secret) as env:
+                assert Path(env["FLWR_HOME"]) != home

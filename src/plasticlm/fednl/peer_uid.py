@@ -14,9 +14,11 @@ from pathlib import Path
 
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 AVAILABLE = TABLES[0].is_file()
-# A socket in these states has no live connection behind it (TIME_WAIT, CLOSE, LISTEN);
-# TIME_WAIT entries carry uid 0, which would pass for root's.
-_DEAD = {"06", "07", "0A"}
+# Only an ESTABLISHED socket with an inode speaks for a live connection: a client that has
+# closed its end (FIN_WAIT2, TIME_WAIT, ...) is listed with uid 0 and inode 0, which would pass
+# for root's, and a request's bytes can still be read after that close (a stranger's full
+# request, then close(): the gate saw uid 0 where the SuperLink ran as root).
+_LIVE = "01"
 
 Address = tuple[str, int]
 
@@ -38,14 +40,15 @@ def _parse(address: Address) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Addr
 
 
 def _entries(table: Path):
-    """(local ip, local port, remote ip, remote port, state, uid) of each socket of ``table``."""
+    """(local ip, local port, remote ip, remote port, state, uid) of each socket of ``table``
+    that is established and has an inode (see ``_LIVE``)."""
     try:
         lines = table.read_text().splitlines()[1:]
     except OSError:
         return
     for line in lines:
         fields = line.split()
-        if len(fields) < 8:
+        if len(fields) < 10 or fields[3] != _LIVE or fields[9] == "0":
             continue
         (lip, lport), (rip, rport) = (f.split(":") for f in fields[1:3])
         yield _ip(lip), int(lport, 16), _ip(rip), int(rport, 16), fields[3], int(fields[7])
@@ -62,7 +65,7 @@ def peer_uid(peer: Address, server: Address, tables=TABLES) -> int | None:
         return None
     for table in tables:   # IPv4 first, where an IPv4 client's socket is: one read, not two
         uids = {uid for *addr, state, uid in _entries(table)
-                if tuple(addr) == want and state not in _DEAD}
+                if tuple(addr) == want}
         if uids:
             return uids.pop() if len(uids) == 1 else None
     return None

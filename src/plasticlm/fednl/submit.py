@@ -16,6 +16,7 @@ SuperLink who is not its owner on its host (another user, another machine over T
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -92,6 +93,12 @@ def operator_env(superlink: str, secret_file: str | Path | None = None) -> Itera
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as e:
         raise PlasticError(f"no address for the connection {superlink!r} in {config} "
                            f"({type(e).__name__}: {e})") from None
+    if connection.get("insecure", False) and not _loopback_literal(address):
+        # flwr sends the stored token on every call: over plain HTTP to another host it would
+        # cross the network in the clear (the gate refuses it, but too late)
+        raise PlasticError(f"the connection {superlink!r} ({address}) is insecure and not on "
+                           "loopback: the operator secret is sent only over TLS or to "
+                           "127.0.0.1/::1")
     home = Path(tempfile.mkdtemp(prefix="plasticlm-operator-"))
     try:
         shutil.copyfile(config, home / "config.toml")
@@ -116,3 +123,12 @@ def _flwr_json(env: dict, command: str, *args: str) -> dict:
         why = next((x.strip() for x in reversed(lines) if x.strip()), "no reason given")
         raise PlasticError(f"flwr {command} refused: {why[:500]}")
     return answer
+
+
+def _loopback_literal(address: str) -> bool:
+    """Whether ``host:port`` (``[v6]:port`` too) names a loopback address literally."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
