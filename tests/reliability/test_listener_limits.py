@@ -1,7 +1,8 @@
 """Bounded before the token (issue 56, item 4): every HTTP service plasticlm starts (the fuser
 registry and peers through ``refine.serving.serve``, the gated FedNL SuperLink) refuses a huge
-header fast without stalling ``/health``, and closes idle and slow-header connections, as a
-real uvicorn server in another process, over real sockets."""
+header fast without stalling ``/health``, closes idle, slow-header and slow-body connections,
+and at its connection cap evicts an idle connection for a newcomer; each a real uvicorn server
+in another process, over real sockets."""
 
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ from plasticlm.listener import DEFAULT_LIMITS, BoundedH11Protocol, ListenerLimit
 
 TOKEN = "listener-test-token-0123456789"
 MB = 2**20
+# a tiny app under small limits: the cap and the request deadline within a test's seconds
+SMALL = """
+import sys, uvicorn
+from plasticlm.listener import ListenerLimits
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+limits = ListenerLimits(header_timeout_s=1.5, request_timeout_s=2.0, max_connections=20)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            **limits.uvicorn_options())
+"""
 REGISTRY = """
 import sys
 from plasticlm.refine.serving import ServiceConfig, serve
@@ -58,6 +75,29 @@ def registry(tmp_path_factory):
     _stop(proc)
 
 
+@pytest.fixture
+def small(tmp_path):
+    """A tiny app on uvicorn with ListenerLimits(header 1.5 s, request 2 s, 20 connections)."""
+    (port,) = free_ports(1)
+    proc = _start([sys.executable, "-c", SMALL, str(port)], port, tmp_path / "small.log")
+    yield port
+    _stop(proc)
+
+
+def _closed(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the server has closed (reset or EOF)."""
+    n = 0
+    for s in sockets:
+        s.setblocking(False)
+        try:
+            n += s.recv(1024) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            n += 1
+    return n
+
+
 def _health_seconds(port: int) -> float:
     """Seconds for a plain GET /health to be answered 200."""
     t0 = time.monotonic()
@@ -93,12 +133,42 @@ def _huge_header_seconds(port: int, size: int, scheme_tls: bool = False) -> tupl
     return time.monotonic() - t0, got
 
 
-def test_limits_are_positive():
+def test_limits_are_positive_and_uvicorns_connection_counting_503_is_not_used():
     with pytest.raises(ValueError, match="header_timeout_s"):
         ListenerLimits(header_timeout_s=0)
-    assert DEFAULT_LIMITS.uvicorn_options()["http"] is BoundedH11Protocol
+    options = DEFAULT_LIMITS.uvicorn_options()
+    assert options["http"] is BoundedH11Protocol and "limit_concurrency" not in options
     faster = ListenerLimits(header_timeout_s=1.0).uvicorn_options()["http"]
     assert issubclass(faster, BoundedH11Protocol) and faster.limits.header_timeout_s == 1.0
+
+
+def test_at_the_cap_a_newcomer_evicts_the_oldest_idle_connection(small):
+    """50 idle connections to a server capped at 20: the 30 oldest are closed as the others
+    arrive, and /health, asked while 20 idle ones are open, answers at once (uvicorn's
+    limit_concurrency answered 503 to everyone once 256 sockets sat idle)."""
+    idle = [socket.create_connection(("127.0.0.1", small), timeout=5) for _ in range(50)]
+    time.sleep(0.3)
+    assert _closed(idle) >= 29
+    assert _health_seconds(small) < 0.5
+    for s in idle:
+        s.close()
+
+
+def test_a_body_sent_a_byte_at_a_time_is_closed_at_the_request_deadline(small):
+    """Headers in time, then a body at a byte every 0.25 s: closed at the 2 s request deadline
+    (the header deadline no longer applies once the headers are in)."""
+    with socket.create_connection(("127.0.0.1", small), timeout=10) as s:
+        s.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        t0 = time.monotonic()
+        closed_at = None
+        while time.monotonic() - t0 < 6:
+            try:
+                s.sendall(b"a")
+            except OSError:
+                closed_at = time.monotonic() - t0
+                break
+            time.sleep(0.25)
+    assert closed_at is not None and 1.5 < closed_at < 3.5, closed_at
 
 
 def test_huge_header_refused_fast_while_health_answers(registry):
@@ -127,6 +197,7 @@ def test_idle_and_slow_header_connections_closed(registry):
     slow = [socket.create_connection(("127.0.0.1", registry), timeout=20) for _ in range(50)]
     for s in slow:
         s.sendall(b"GET /health HTTP/1.1\r\n")
+    assert _health_seconds(registry) < 0.5       # during the flood: it evicts an idle one
     t0 = time.monotonic()
     open_socks = idle + slow
     while open_socks and time.monotonic() - t0 < 12:
