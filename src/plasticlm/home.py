@@ -1,7 +1,8 @@
 """The cache home, ``$PLASTICLM_HOME`` (default ``~/.cache/plasticlm``): where sandbox and
 real-shape models and their worlds are kept. Checked once where it is read: a relative path
-(it would move with the working folder), ``/``, the user's home folder itself, or a path that
-is not a folder is refused in one line; ``~`` is expanded. Nothing in it is trusted for being
+(it would move with the working folder), ``/``, the user's home folder itself, a path that
+is not a folder, or a folder of another user or that others may write to (``/tmp``) is
+refused in one line; ``~`` is expanded. Nothing in it is trusted for being
 there: plasticlm writes only into folders that carry its marker (``plasticlm.outputs``)."""
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def cache_root() -> Path:
         raise _refuse(raw, "is / or your home folder: the cache would hold your own files")
     if is_other:
         raise _refuse(raw, "exists and is not a folder")
+    if path.exists():
+        st = resolved.stat()
+        # another user could plant models, worlds and manifests in a shared folder (/tmp)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise _refuse(raw, "is not a folder of yours that only you may write to (owner "
+                          f"uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
     return path
 
 

@@ -166,11 +166,15 @@ def test_no_marker_metrics_or_atomic_write_follows_a_planted_link(tmp_path):
 
 @pytest.mark.parametrize("value, message", [
     (".", "relative path"), ("cache", "relative path"), ("/", "your home folder"),
-    ("HOME", "your home folder"), ("FILE", "not a folder"), ("a\0b", "NUL")])
+    ("HOME", "your home folder"), ("FILE", "not a folder"), ("a\0b", "NUL"),
+    ("SHARED", "only you may write to")])
 def test_a_cache_home_that_would_hold_the_users_files_is_refused(value, message, tmp_path,
                                                                   monkeypatch):
     (tmp_path / "file").write_text("mine")
-    value = {"HOME": os.path.expanduser("~"), "FILE": str(tmp_path / "file")}.get(value, value)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared").chmod(0o1777)     # like /tmp: another user could plant models there
+    value = {"HOME": os.path.expanduser("~"), "FILE": str(tmp_path / "file"),
+             "SHARED": str(tmp_path / "shared")}.get(value, value)
     if "\0" in value:   # the environment cannot carry a NUL: the check sees it as read
         monkeypatch.setattr(os, "environ", {**os.environ, "PLASTICLM_HOME": value})
     else:
