@@ -31,6 +31,11 @@ def add_pretrain_parser(models_subparsers: argparse._SubParsersAction) -> None:
                    "(src/plasticlm/sandbox/family/PRESET) with its SHA-256 manifest: what a "
                    "fresh clone installs instead of pre-training (maintainers)")
     q.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads")
+    q.add_argument("--progress", action="store_true", help="with --preset: print where its "
+                   "pre-training stands (members done, the step and losses of the one in "
+                   "training) without training; a running build is not touched")
+    q.add_argument("--probe", action="store_true", help="with --progress: also probe the "
+                   "checkpoint in training (reading probes and held-out MC, 80 items each)")
     add_config_options(q, "plasticlm.sandbox.text:TextPretrainConfig")
     q.set_defaults(func=_pretrain)
 
@@ -62,6 +67,12 @@ def _pretrain(args) -> int:
         print(json.dumps({k: report[k] for k in ("train_seconds", "first_loss", "last_loss",
                                                  "valid_loss", "unigram_loss")}))
         print(f"model and tokenizer in {args.out} (report: pretrain_report.json)")
+        return 0
+    if args.progress or args.probe:
+        if not args.progress or args.preset is None:
+            raise PlasticError("--probe goes with --progress, and --progress with --preset")
+        from plasticlm.sandbox.progress import build_progress
+        print(json.dumps(build_progress(args.preset, probe=args.probe), indent=1))
         return 0
     if args.ship and args.out:
         raise PlasticError("--ship writes the family of the cache; leave out --out")

@@ -106,8 +106,10 @@ def _train_member(p: Preset, spec: ModelSpec, tok, corpus: list[str], folder: Pa
                    checkpoint=ckpt / "train", checkpoint_every=p.checkpoint_every,
                    checkpoint_key=key)
         if spec.reading_share:
-            draw = document_drawer(world, replace(p.reading, share=spec.reading_share),
-                                   drill_hay, tok, corpus)
+            # a member that continues a reading model skips the curriculum's first phases
+            mix = replace(p.reading, share=spec.reading_share,
+                          **({"warmup_steps": 0, "ramp_steps": 0} if spec.init_from else {}))
+            draw = document_drawer(world, mix, drill_hay, tok, corpus)
             losses = train_lm_segments(model, tok, draw, spec.steps, p.seq_len, **run)
         else:
             losses = train_lm(model, pack_corpus(tok, corpus, p.seq_len), spec.steps, **run)

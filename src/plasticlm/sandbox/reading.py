@@ -61,6 +61,10 @@ class ReadingMix:
     # steps, where the full mix leaves a small model at chance for thousands (docs/sandbox.md).
     warmup_steps: int = 0
     warmup_kinds: tuple[tuple[str, float], ...] = (("stated", 1.0),)
+    # Then the world's documents come in over ``ramp_steps`` (their probability rising
+    # linearly to ``1 - share``): switched on at once, they unlearned the copying (100% ->
+    # 51% stated in 400 steps).
+    ramp_steps: int = 0
 
     def __post_init__(self):
         if not 0.0 <= self.share <= 1.0 or not 0.0 <= self.closed_book_share <= 1.0:
@@ -186,7 +190,8 @@ def document_drawer(world: World, mix: ReadingMix, sentences: list[str], tokeniz
         if step < mix.warmup_steps:
             segs = reading_document(world, warmup, rng, sentences, tokenizer, closed)
             return [(s.text, s.answer or mix.context_loss) for s in segs]
-        if rng.random() >= mix.share:
+        ramp = min(1.0, (step - mix.warmup_steps + 1) / mix.ramp_steps) if mix.ramp_steps else 1.0
+        if rng.random() < (1.0 - mix.share) * ramp:
             return [(shuffle_statements(docs[rng.randrange(len(docs))], rng), True)]
         segs = reading_document(world, mix, rng, sentences, tokenizer, closed)
         return [(s.text, s.answer or mix.context_loss) for s in segs]
