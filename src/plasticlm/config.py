@@ -22,10 +22,10 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
+from plasticlm.config_files import loads_json, read_config_file
 from plasticlm.errors import PlasticError
 from plasticlm.registry import Registry
 
@@ -123,29 +123,6 @@ def override(cfg: T, changes: dict[str, Any]) -> T:
     return from_dict(type(cfg), tree)
 
 
-def read_config_file(path: str | Path) -> dict:
-    """Read a TOML, YAML or JSON file into a dict."""
-    path = Path(path)
-    if not path.exists():
-        raise PlasticError(f"config file {path} does not exist")
-    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
-        raise PlasticError(f"config {path}: unknown format {path.suffix!r} (use .toml, .yaml "
-                           "or .json)")
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.safe_load(text) or {}
-    except Exception as e:  # parser errors carry the line; keep them
-        raise PlasticError(f"could not parse config {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise PlasticError(f"config {path}: expected a table of keys, got {type(data).__name__}")
-    return data
-
-
 def parse_value(text: str) -> Any:
     """``"3"`` -> 3, ``"true"`` -> True, ``"[1,2]"`` -> [1, 2], anything else stays a string
     (so does a text that is more than one TOML value, such as ``"1\nrounds = 2"``)."""
@@ -229,8 +206,8 @@ def read_saved_config(cls: type[T], folder: str | Path, name: str = "config.json
     if not path.is_file():
         raise PlasticError(f"{folder} holds no {name}: not a run folder of this tool")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        data = loads_json(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise PlasticError(f"{path} is not valid JSON: {e}") from None
     return from_dict(cls, data)
 

@@ -49,7 +49,8 @@ OWN_NAMES = ("*.json", "*.jsonl", "*.md", "*.html", "*.png", "*.safetensors", "*
              "taught", "corpus", "mmlu", "specialist_mmlu", "squad", "longbench", "tokenizers",
              "server-done", "stop-requested", "*.pem", "*.key", "*.crt", "*.secret", "*.pt",
              "flwr_home", "certs", "keys", "world", "reference", "pretrained", "drills",
-             "*.ckpt", "train", "test", "meta")
+             "*.ckpt", "train", "test", "meta", "fednl", "refine", "scol", "memory", "stream",
+             "comm", "openbook", "niah")
 # Kinds one folder may be prepared as: an experiment folder holds its run's files, and the
 # reverse; any other pair is refused (a model never replaces a run's checkpoints).
 _SAME_KIND = ({"run", "experiment"},)
@@ -66,7 +67,7 @@ def check_folder_name(name: str, what: str = "name") -> str:
     size = len(name.encode("utf-8", "surrogatepass"))
     if name.strip(". ") == "" or any(c in name for c in "/\\") or not name.isprintable() or \
             size > NAME_MAX_BYTES:
-        raise PlasticError(f"{what} {clip(name)!r} must be a folder name: not empty, no '/', "
+        raise PlasticError(f"{what} {clip(repr(name))} must be a folder name: not empty, no '/', "
                            f"no control character, at most {NAME_MAX_BYTES} bytes (it has "
                            f"{size})")
     return name
@@ -96,8 +97,6 @@ def read_marker(folder: str | Path) -> dict | None:
 def _legacy_run(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(
         (folder / name).exists() for name in LEGACY_RUN_FILES)
-
-
 
 
 def _state(folder: Path) -> str:

@@ -16,7 +16,7 @@ from plasticlm import __version__, cpu
 from plasticlm.cli.options import THREADS, option_tokens
 from plasticlm.config import refusal
 from plasticlm.env import THREADS_ENV
-from plasticlm.errors import PlasticError, Stopped
+from plasticlm.errors import PlasticError, Stopped, clip
 from plasticlm.outputs import check_output, overwrite_allowed
 
 # Subcommands, in the order --help lists them; each module defines register(subparsers).
@@ -136,8 +136,7 @@ def _run(argv: list[str] | None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else list(argv))
     except PlasticError as e:
-        print(f"plasticlm: error: {e}", file=sys.stderr)
-        return 2
+        return _refused(e)
     setup_logging(args.log_level)
     # heavy: imported when the command runs, not when the parser is built
     from plasticlm.runtime import threads
@@ -154,17 +153,32 @@ def _run(argv: list[str] | None) -> int:
                     check_output(getattr(args, dest), f"give another {_flag(args, dest)}")
             return args.func(args) or 0
     except Stopped as e:
-        print(f"plasticlm: {e}", file=sys.stderr)
+        print(f"plasticlm: {_one_line(e)}", file=sys.stderr)
         return e.status
     except PlasticError as e:
-        print(f"plasticlm: error: {e}", file=sys.stderr)
-        return 2
+        return _refused(e)
     except ValidationError as e:   # a config built in code from the command's values
-        print(f"plasticlm: error: {refusal(e, object)}", file=sys.stderr)
-        return 2
+        return _refused(refusal(e, object))
+    except TimeoutError:   # a caller's deadline (a test's alarm), not the system's refusal
+        raise
+    except OSError as e:   # the system refused: a read-only folder, a full disk, /proc
+        where = f" ({clip(e.filename)})" if e.filename else ""
+        return _refused(f"{e.strerror or e}{where}: plasticlm could not read or write there; "
+                        "give a folder it may write (or PLASTICLM_HOME for the cache)")
     except KeyboardInterrupt:
         print("plasticlm: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(message: object) -> str:
+    """A refusal as one line of at most 2,000 characters: a name the user gave
+    (newlines, NUL, 100,000 characters) is escaped and cut, never printed whole."""
+    return clip(message, 2000)
+
+
+def _refused(message: object) -> int:
+    print(f"plasticlm: error: {_one_line(message)}", file=sys.stderr)
+    return 2
 
 
 def _quick_outputs(args, argv: list[str]) -> None:

@@ -34,7 +34,7 @@ def _stories260k(run) -> None:
 
     from plasticlm.eval import decodable_only
     from plasticlm.models import import_llama2c, load_causal_lm
-    from plasticlm.runs import cache_home, shared_data_dir
+    from plasticlm.runs import atomic_folder, cache_home, shared_data_dir
 
     print("== 1. A real pre-trained Llama (llama2.c stories260K) through the HF path ==")
     data = shared_data_dir()
@@ -42,8 +42,9 @@ def _stories260k(run) -> None:
         print("skipped: ../shared/data is absent (set PLASTICLM_DATA to the real-data folder)")
         return
     src = data / "models/stories260K"
-    folder = import_llama2c(src / "stories260K.bin", src / "tok512.bin",
-                            cache_home() / "models" / "stories260K")
+    folder = cache_home() / "models" / "stories260K"
+    with atomic_folder(folder) as tmp:   # marked, and only a folder plasticlm wrote is replaced
+        import_llama2c(src / "stories260K.bin", src / "tok512.bin", tmp)
     model, tok = load_causal_lm(folder)
     out = model.generate(torch.tensor([[tok.bos_token_id]], device=model.device),
                          max_new_tokens=40, do_sample=False,

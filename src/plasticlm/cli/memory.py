@@ -64,10 +64,13 @@ def _info(args) -> int:
     print((folder / CONFIG_FILE).read_text().strip())
     theta = folder / THETA_FILE
     if theta.exists():
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(theta), "pt") as f:
-            numel = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
+        try:
+            with safe_open(str(theta), "pt") as f:
+                numel = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
+        except (SafetensorError, OSError, ValueError) as e:   # truncated, garbage, nested
+            raise PlasticError(f"{theta} is not a readable safetensors file ({e})") from None
         print(f"theta: {numel} parameters, file {theta.stat().st_size} bytes")
     return 0
 

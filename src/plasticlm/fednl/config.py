@@ -31,6 +31,7 @@ from plasticlm.fednl.sections import (
     OutputConfig,
     TrainConfig,
 )
+from plasticlm.outputs import check_folder_name
 
 
 @configclass
@@ -53,9 +54,7 @@ class FedNLConfig:
 
     def __post_init__(self):
         # the run folder is out/name: an empty name would make it `out` itself
-        if self.name.strip(". ") == "" or any(c in self.name for c in "/\\"):
-            raise PlasticError(f"config name {self.name!r} must be a folder name: not empty, "
-                               "no '/'")
+        check_folder_name(self.name, "config name")
         if self.train.segment_tokens and self.method.window == 0:
             raise PlasticError("train.segment_tokens carries a windowed state across "
                                "segments: use method.window > 0")

@@ -127,6 +127,12 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
             raise PlasticError(f"{run_dir} holds an earlier run; pass --resume to continue it, "
                                "or choose another --set name=...")
         clear_run_folder(run_dir, "choose another --set name=... or out=...")
+    started = (run_dir / "checkpoint.json").exists() or any(run_dir.glob("round_*"))
+    if resume and started and not (run_dir / "config.json").is_file():
+        # without it nothing says the rounds were of this config: refused, never guessed
+        raise PlasticError(f"{run_dir} holds rounds but no config.json: it cannot be resumed "
+                           "as the run it was; restore its config.json, or start again with "
+                           "another --set name=...")
     if resume and (run_dir / "config.json").exists() and \
             read_saved_config(FedNLConfig, run_dir) != cfg:
         raise PlasticError(f"{run_dir} was started with another config; resume with the same "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from plasticlm.errors import PlasticError
+from plasticlm.config_files import loads_json
+from plasticlm.errors import PlasticError, clip
 from plasticlm.runtime import pick_device, pick_dtype
 
 # The families every method is tested on; others load but are not promised to work.
@@ -20,17 +22,51 @@ def check_model_source(name_or_path: str | Path) -> None:
     """Refuse, before any work, a model that is neither a Hugging Face model folder nor a hub
     id (``org/name``): a missing path, or a folder without config.json."""
     text = str(name_or_path)
-    path = Path(text).expanduser()
-    if path.exists():
+    try:
+        path = Path(text).expanduser()
+        exists = path.exists()
+    except (OSError, ValueError) as e:   # a name too long for the file system, a NUL byte
+        raise PlasticError(f"model {clip(text)!r} is neither a folder nor a hub id "
+                           f"({getattr(e, 'strerror', None) or e})") from None
+    if exists:
         if not (path / "config.json").is_file():
             raise PlasticError(
                 f"{path} exists but holds no config.json: it is not a Hugging Face model folder "
                 "(save one with model.save_pretrained(dir), or import llama2.c weights with "
                 "`plasticlm models import-llama2c`)")
+        _check_config(path / "config.json")
         return
     if path.is_absolute() or text.startswith((".", "~")) or text.count("/") != 1:
-        raise PlasticError(f"model folder {text} does not exist (and it is not a hub id "
+        raise PlasticError(f"model folder {clip(text)} does not exist (and it is not a hub id "
                            "such as Qwen/Qwen2.5-0.5B)")
+
+
+def _rope_values(value, where: str):
+    """Every number of a RoPE setting with where it is (booleans and names skipped)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _rope_values(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _rope_values(v, f"{where}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
+
+
+def _check_config(path: Path) -> None:
+    """A model's config.json read as outside input: strict JSON (no NaN, no key twice), and
+    RoPE settings that are finite positive numbers (a NaN factor would give NaN logits)."""
+    try:
+        config = loads_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise PlasticError(f"{path} is not a readable model config ({clip(e)}): save or copy "
+                           "the model folder again") from None
+    if not isinstance(config, dict):
+        raise PlasticError(f"{path} is not a model config (a JSON object of settings)")
+    for key in ("rope_scaling", "rope_parameters", "rope_theta"):
+        for where, number in _rope_values(config.get(key), key):
+            if not (math.isfinite(number) and number > 0):
+                raise PlasticError(f"{path}: {where} is {number}, not a finite number > 0")
 
 
 def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
@@ -45,8 +81,12 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     """
     hf_logging.disable_progress_bar()  # a bar per shard of a local folder is noise
     torch_dtype, device = pick_dtype(dtype), pick_device(device)
-    path = Path(name_or_path).expanduser()
-    is_local = path.exists()
+    try:
+        path = Path(name_or_path).expanduser()
+        is_local = path.exists()
+    except (OSError, ValueError):   # a name too long for a path: refused there, in one line
+        check_model_source(name_or_path)
+        raise
     if is_local:
         check_model_source(path)
     source = str(path) if is_local else str(name_or_path)

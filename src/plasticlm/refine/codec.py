@@ -205,7 +205,7 @@ def read_metadata(data: bytes, key: str):
     try:
         header = json.loads(data[8: 8 + n])
         return json.loads(header.get("__metadata__", {}).get(key, "null"))
-    except (json.JSONDecodeError, AttributeError, TypeError, UnicodeDecodeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):   # nested too deeply too
         raise PayloadError(f"payload metadata has no valid {key!r} entry") from None
 
 

@@ -78,6 +78,10 @@ def check_token(token: str | None, host: str) -> None:
         size = f"{len(token)} characters" if token else "empty"
         raise PlasticError(f"PLASTICLM_TOKEN is {size}: a token needs at least "
                            f"{MIN_TOKEN_CHARS} (export PLASTICLM_TOKEN=$(openssl rand -hex 16))")
+    if token is not None and (not token.isprintable() or any(c.isspace() for c in token)):
+        # 16 spaces are as easy to guess as none, and a header cannot carry them intact
+        raise PlasticError("PLASTICLM_TOKEN holds spaces or control characters: a token is "
+                           "one word (export PLASTICLM_TOKEN=$(openssl rand -hex 16))")
     if token is None and not _loopback(host):
         raise PlasticError(f"serving on {host} needs a token, or anyone who reaches it may "
                            "use it: export PLASTICLM_TOKEN=$(openssl rand -hex 16), or listen "

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from plasticlm.config_files import loads_json
 from plasticlm.errors import PlasticError
 from plasticlm.runs import atomic_folder
 from plasticlm.tensor_files import load_tensors
@@ -51,10 +52,18 @@ def save_checkpoint(folder: Path, policy, tokenizer, opt, state: dict,
 
 
 def check_resumable(saved: Path, cfg) -> None:
-    """Refuse to resume a run whose settings changed (more outer steps extend it)."""
-    if not saved.exists():
-        return
-    before = json.loads(saved.read_text())
+    """Refuse to resume a run whose settings changed (more outer steps extend it), or whose
+    saved config is missing or unreadable (nothing would say the checkpoint is of ``cfg``)."""
+    if not saved.is_file():
+        raise PlasticError(f"cannot resume: {saved} is missing, so nothing says the checkpoint "
+                           "was made with this config; restore it, or start a new run folder")
+    try:
+        before = loads_json(saved.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise PlasticError(f"cannot resume: {saved} is not readable JSON ({e}); restore it, or "
+                           "start a new run folder") from None
+    if not isinstance(before, dict):
+        raise PlasticError(f"cannot resume: {saved} is not a saved config")
     now = json.loads(json.dumps(asdict(cfg)))
     changed = sorted(k for k in set(before) | set(now)
                      if k != "outer_steps" and before.get(k) != now.get(k))
