@@ -125,12 +125,16 @@ def _made_inside(folder: Path) -> bool:
 
 
 def _users(entry: Path, kept: list[str]) -> bool:
-    """Whether ``entry`` of a marked folder is the user's: a name kept by ``--overwrite``, or
-    a subfolder plasticlm neither marked nor names (never cleared or replaced)."""
+    """Whether ``entry`` of a marked folder is the user's (never cleared or replaced): a name
+    kept by ``--overwrite``, a subfolder plasticlm neither marked nor names, or a file of a
+    name plasticlm never writes (a user's ``analysis.csv`` beside a run's files)."""
     if entry.name in kept:
         return True
-    return entry.is_dir() and not entry.is_symlink() and not _own_name(entry.name) and \
-        read_marker(entry) is None
+    if entry.name.startswith(MARKER):     # the marker, its temporary, the run's lock
+        return False
+    if entry.is_dir() and not entry.is_symlink():
+        return not _own_name(entry.name) and read_marker(entry) is None
+    return not _own_name(entry.name)
 
 
 def _check_kind(folder: Path, kind: str, hint: str) -> None:

@@ -70,18 +70,22 @@ def test_a_marker_covers_only_the_names_plasticlm_creates(tmp_path, capsys):
     assert status == 2 and "not written by plasticlm" in line, line
     assert snapshot(newdata) == before
     # a new run in the marked folder clears what plasticlm wrote, never the user's subfolder
+    # nor a file of a name plasticlm never writes (found by review: analysis.csv was cleared)
+    (run / "analysis.csv").write_text("mine")
     prepare_output(run, "run", fresh=True)
-    assert sorted(p.name for p in run.iterdir()) == [MARKER, "newdata"]
-    assert snapshot(newdata) == before
+    assert sorted(p.name for p in run.iterdir()) == [MARKER, "analysis.csv", "newdata"]
+    assert snapshot(newdata) == before and (run / "analysis.csv").read_text() == "mine"
     # a model folder replaced whole keeps the user's subfolder too
     model = tmp_path / "model"
     with atomic_output(model, "model") as tmp:
         (tmp / "config.json").write_text("{}")
     mine = users_folder(model / "mine")
+    (model / "eval.csv").write_text("mine")
     with atomic_output(model, "model") as tmp:
         (tmp / "config.json").write_text('{"v": 2}')
     assert snapshot(model / "mine") == mine and (model / "config.json").read_text() == '{"v": 2}'
-    assert read_marker(model)["kept"] == ["mine"]
+    assert (model / "eval.csv").read_text() == "mine"
+    assert read_marker(model)["kept"] == ["eval.csv", "mine"]
 
 
 def test_a_marked_folder_of_another_kind_is_refused(tmp_path, capsys):
