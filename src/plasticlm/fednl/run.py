@@ -27,11 +27,11 @@ from plasticlm.fednl.stopping import DONE_FILE, ERROR_FILE, StopRequest
 from plasticlm.fednl.strategy import progress_line
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
+from plasticlm.models.specs import resolve_model
 from plasticlm.outputs import check_output, prepare_output
 from plasticlm.run_lock import RunLock, refuse_if_locked
 from plasticlm.runs import clear_run_folder
 from plasticlm.runtime import dtype_name, pick_device, pick_dtype
-from plasticlm.sandbox import resolve_model_spec
 from plasticlm.tensor_files import load_tensors
 
 # Each simulated client gets one Ray CPU and, by the thread policy (plasticlm.runtime.set_threads),
@@ -116,7 +116,7 @@ def run_federated(cfg: FedNLConfig, resume: bool = False, backend_cpus: int = 2)
     # what the server and clients would fail on, refused before anything is written
     if not resume:   # a folder plasticlm did not write: refused before any model is built
         check_output(Path(cfg.outputs.out) / cfg.name, "choose another --set name=... or out=...")
-    check_model_source(resolve_model_spec(cfg.model))
+    check_model_source(resolve_model(cfg.model))
     clients = len(tasks_for(cfg))
     if cfg.federation.min_clients > clients:
         raise PlasticError(f"config federation.min_clients={cfg.federation.min_clients} is more than the run's "
