@@ -446,8 +446,8 @@ def test_scol_config_typos_are_refused_with_the_choices(scol_tiny, capsys):
         load_config(ExperimentConfig, None, ["scol.forget_from=oldest"])
     with pytest.raises(PlasticError, match=r"config scol.kk: unknown key \(known: .*k, "):
         load_config(ExperimentConfig, None, ["scol.kk=3"])
-    with pytest.raises(PlasticError, match="config preset: input should be 'sandbox' or "
-                       "'quick'"):
+    with pytest.raises(PlasticError, match="config preset: input should be 'sandbox', "
+                       "'quick', .* got 'quik'"):
         load_config(ExperimentConfig, None, ["preset=quik"])
     with pytest.raises(PlasticError, match="config layers: input should be 'random' or 'last'"):
         load_config(SweepConfig, None, ["layers=first"])
