@@ -76,6 +76,19 @@ def test_reading_documents_are_fresh_and_answered_by_their_context(world, tok):
     assert a == b          # a function of the rng alone: a resumed run draws the same
 
 
+def test_needle_documents_fit_a_coarse_tokenizer(world):
+    """A tokenizer that spends more tokens per word than the needle range allows for still
+    gets needle documents (longer ones): the v3 build's bpe768 members stopped at the first
+    multi-key document with 177 tokens."""
+    coarse = train_bpe_tokenizer(world.train_docs, vocab_size=280)
+    mix = ReadingMix(kinds=(("multikey", 1.0), ("vartrack", 1.0)), needle_tokens=(100, 120),
+                     closed_book_share=0.0)
+    for i in range(6):
+        segs = reading_document(world, mix, random.Random(i), haystack_sentences(
+            world.train_docs), coarse, [])
+        assert segs[0].text.endswith("Answer:") and segs[1].answer
+
+
 def test_closed_book_questions_come_only_from_q_a_entities(world):
     dev = {e.name for e in world.entities if e.role == "core" and e.qa_in_corpus}
     held = {e.name for e in world.entities if e.role == "core" and not e.qa_in_corpus}

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from plasticlm.data.niah import generate_niah
+from plasticlm.errors import PlasticError
 from plasticlm.eval.prompts import qa_continuation, qa_line, qa_prompt
 from plasticlm.sandbox.domains import KINDS, Attribute, Domain, Entity, entity_name, person_name
 from plasticlm.sandbox.passages import _INTROS, render, shuffle_statements
@@ -144,10 +145,17 @@ def _entity_docs(world: World, mix: ReadingMix, kind: str, rng: random.Random,
 
 def _needle_doc(task: str, mix: ReadingMix, sentences: list[str], tokenizer,
                 rng: random.Random) -> list[Segment]:
-    s = generate_niah(task, 1, rng.randint(*mix.needle_tokens), sentences,
-                      seed=rng.randrange(1 << 30), tokenizer=tokenizer,
-                      depths=(rng.random(),))[0]
-    return [Segment(s.prompt, False), Segment(s.target, True)]
+    length, seed, depth = rng.randint(*mix.needle_tokens), rng.randrange(1 << 30), rng.random()
+    for _ in range(8):
+        try:
+            s = generate_niah(task, 1, length, sentences, seed=seed, tokenizer=tokenizer,
+                              depths=(depth,))[0]
+            return [Segment(s.prompt, False), Segment(s.target, True)]
+        except PlasticError:
+            # a coarse tokenizer (bpe768) needs more tokens for the needles and question
+            length += 32
+    raise PlasticError(f"no {task} needle fits in {length} tokens of this tokenizer; raise "
+                       "ReadingMix.needle_tokens")
 
 
 def reading_document(world: World, mix: ReadingMix, rng: random.Random, sentences: list[str],
