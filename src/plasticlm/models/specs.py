@@ -20,15 +20,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
-from plasticlm.errors import PlasticError
-
 log = logging.getLogger("plasticlm.models")
 ENTRY_POINTS = "plasticlm.spec_schemes"
 
 
 class SpecScheme(Protocol):
     """What a scheme answers: whether a spec is its own (cheap: builds nothing), the model
-    folder it names (built when missing) and the data folder it names."""
+    folder it names (built when missing) and the data folder it names (a one-line
+    ``PlasticError`` where it names none)."""
 
     def claims(self, spec: str) -> bool: ...
 
@@ -86,9 +85,4 @@ def resolve_model(spec: str) -> str:
 def resolve_data(spec: str | Path) -> Path:
     """The data folder ``spec`` names: a scheme's, else ``spec`` as a path."""
     scheme = owner_of(str(spec))
-    if scheme is None:
-        return Path(spec)
-    try:
-        return Path(scheme.data(str(spec)))
-    except NotImplementedError:
-        raise PlasticError(f"{spec} names a model, not a data folder") from None
+    return Path(spec) if scheme is None else Path(scheme.data(str(spec)))

@@ -54,7 +54,7 @@ class ShapeScheme:
         return str(shape_model(*shape_spec_of(spec)))
 
     def data(self, spec: str) -> Path:
-        raise NotImplementedError
+        raise PlasticError(f"{spec} names a model, not a data folder")
 
 
 SANDBOX = register_scheme("sandbox", SandboxScheme())
