@@ -222,7 +222,8 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     if BROWSER:   # the demo's own page, rendered: every plot decodes, no error, no overflow
         counts = rendered_counts(page)
         assert counts["images-rendered"] == counts["images"] == 3
-        assert counts["errors"] == 0 and counts["overflowing"] == 0
+        assert counts["errors"] == 0, counts
+        assert counts["overflowing"] == 0, counts["overflow-what"]
     # the stages' tables in the order they ran, not alphabetical
     order = [html.index(f"<h3>{t}</h3>") for t in ("Sandbox", "Memory", "Fednl", "Scol")]
     assert order == sorted(order)
