@@ -209,29 +209,32 @@ Segments = Sequence[tuple[str, bool]]
 
 def packed_segment_batch(tokenizer, draw: Callable[[random.Random], Segments], batch_size: int,
                          seq_len: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens, in_loss)``, both ``[batch_size, seq_len + 1]``, packed afresh like
-    :func:`packed_batch` from documents ``draw(rng)`` returns as ``(text, in_loss)``
-    segments (each encoded on its own, so an answer's tokens are those a scorer sees after
-    its prompt); ``in_loss[b, t]`` says whether token t is a target of the loss (BOS and EOS
-    always are)."""
+    """``(tokens, in_loss)``, both ``[batch_size, seq_len + 1]``, packed afresh from
+    documents ``draw(rng)`` returns as ``(text, in_loss)`` segments (each encoded on its own,
+    so an answer's tokens are those a scorer sees after its prompt); ``in_loss[b, t]`` says
+    whether token t is a target of the loss (BOS and EOS always are). Each row starts at a
+    document's BOS and holds whole documents, the last one cut at the row's end, so every
+    target sees its document from the start: a stream cut into rows (as :func:`packed_batch`
+    does) left 89% of open-book answers without their passage at 256 tokens."""
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    need = batch_size * seq_len + 1
-    flat: list[int] = []
-    mask: list[bool] = []
-    while len(flat) < need:
-        segments = draw(rng)
-        encoded = tokenizer([t for t, _ in segments], add_special_tokens=False)["input_ids"]
-        flat.append(bos)
-        mask.append(True)
-        for ids, (_, in_loss) in zip(encoded, segments):
-            flat.extend(ids)
-            mask.extend([in_loss] * len(ids))
-        flat.append(eos)
-        mask.append(True)
-    start = rng.randrange(len(flat) - need + 1)
-    n = batch_size
-    return (_blocks(torch.tensor(flat[start:start + need]), n, seq_len),
-            _blocks(torch.tensor(mask[start:start + need]), n, seq_len))
+    rows: list[list[int]] = []
+    masks: list[list[bool]] = []
+    for _ in range(batch_size):
+        flat: list[int] = []
+        mask: list[bool] = []
+        while len(flat) < seq_len + 1:
+            segments = draw(rng)
+            encoded = tokenizer([t for t, _ in segments], add_special_tokens=False)["input_ids"]
+            flat.append(bos)
+            mask.append(True)
+            for ids, (_, in_loss) in zip(encoded, segments):
+                flat.extend(ids)
+                mask.extend([in_loss] * len(ids))
+            flat.append(eos)
+            mask.append(True)
+        rows.append(flat[:seq_len + 1])
+        masks.append(mask[:seq_len + 1])
+    return torch.tensor(rows), torch.tensor(masks)
 
 
 def masked_lm_loss(model, tokens: torch.Tensor, in_loss: torch.Tensor) -> torch.Tensor:
