@@ -9,7 +9,8 @@ docs/sandbox.md ("Recipe experiments") were run by this script.
     python bench/sandbox_v3_recipe.py --smoke   # a few steps of a tiny model, a temp folder
 
 Writes ``--out`` (default ``bench/results/sandbox_v3_recipes/<name>.json``): the arguments,
-the curve (step, wall seconds, accuracy per probe) and the mean loss per 50 steps.
+the curve (step, wall seconds, accuracy per probe), rewritten at every probe, and at the
+end the mean loss per 50 steps.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def main() -> None:
                **{k: v["accuracy"] for k, v in reading.items()}}
         log["curve"].append(row)
         print(json.dumps(row), flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(log, indent=1) + "\n")   # a stopped run keeps its curve
         model.train()
 
     def loss_at(step: int) -> torch.Tensor:

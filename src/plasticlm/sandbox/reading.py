@@ -57,6 +57,9 @@ class ReadingMix:
     closed_book_share: float = 0.3          # documents that also ask a core Q/A fact
     needle_tokens: tuple[int, int] = (160, 256)
     context_loss: bool = True               # loss on the context too, not only the answers
+    # Attributes a passage states (0 = all of its domain's); questions ask only those. One
+    # is the easiest reading: the passage is the asked attribute's statement(s).
+    passage_attributes: int = 0
     # Curriculum: the first ``warmup_steps`` steps draw only reading documents of
     # ``warmup_kinds``; dense copying (``stated``) forms induction heads within hundreds of
     # steps, where the full mix leaves a small model at chance for thousands (docs/sandbox.md).
@@ -91,11 +94,14 @@ def made_up_entity(world: World, domain: Domain, rng: random.Random, taken: set[
     return Entity(f"made-up.{domain.name}", name, domain.name, "made-up", 0, 0, "", False, values)
 
 
-def training_passage(e: Entity, domain: Domain, rng: random.Random) -> str:
+def training_passage(e: Entity, domain: Domain, rng: random.Random,
+                     attributes: list[Attribute] | None = None) -> str:
     """A passage like :func:`plasticlm.sandbox.passages.passage_text` (one statement per
-    attribute and two more, shuffled) that never uses an attribute's last paraphrase."""
-    picks = [(a, s) for a in domain.attributes for s in [rng.choice(a.statements[:-1])]]
-    pool = [(a, s) for a in domain.attributes for s in a.statements[:-1] if (a, s) not in picks]
+    attribute and two more, shuffled) that never uses an attribute's last paraphrase; with
+    ``attributes``, only theirs."""
+    attributes = domain.attributes if attributes is None else attributes
+    picks = [(a, s) for a in attributes for s in [rng.choice(a.statements[:-1])]]
+    pool = [(a, s) for a in attributes for s in a.statements[:-1] if (a, s) not in picks]
     picks += rng.sample(pool, min(2, len(pool)))
     rng.shuffle(picks)
     return rng.choice(_INTROS).format(e=e.name) + " ".join(
@@ -123,23 +129,25 @@ def _entity_docs(world: World, mix: ReadingMix, kind: str, rng: random.Random,
     if kind == "distractors":
         n = rng.randint(2, mix.max_passages)
         doms = [d if rng.random() < 0.5 else rng.choice(world.domains) for _ in range(n)]
-        ents = [(made_up_entity(world, x, rng, taken), x) for x in doms]
-        text = "\n".join(training_passage(e, x, rng) for e, x in ents)
     else:
-        ents = [(made_up_entity(world, d, rng, taken), d)]
-        text = training_passage(ents[0][0], d, rng)
+        doms = [d]
+    ents = [(made_up_entity(world, x, rng, taken), x) for x in doms]
     if kind == "stated":
         e, x = ents[0]
         a = rng.choice(x.attributes)
         stated = qa_line(a.question.format(e=e.name), e.attributes[a.name])
         return [Segment(stated + "\n", False)] + _ask(e, a)
+    k = mix.passage_attributes
+    stated = [(e, x, rng.sample(x.attributes, k) if 0 < k < len(x.attributes) else x.attributes)
+              for e, x in ents]
+    text = "\n".join(training_passage(e, x, rng, attrs) for e, x, attrs in stated)
     segs = [Segment(text + "\n", False)]
     words = rng.randint(*mix.filler_words)
     if words > 0:
         segs.append(Segment(filler_text(words, rng) + "\n", False))
     for _ in range(rng.randint(*mix.questions)):
-        e, x = rng.choice(ents)
-        segs += _ask(e, rng.choice(x.attributes))
+        e, _, attrs = rng.choice(stated)
+        segs += _ask(e, rng.choice(attrs))
     return segs
 
 
