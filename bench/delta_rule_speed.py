@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from plasticlm.benchmarks.delta_rule import delta_rule_rows
+from plasticlm.experiments.bench.delta_rule import delta_rule_rows
 from plasticlm.runtime import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"

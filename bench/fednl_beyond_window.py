@@ -28,7 +28,7 @@ runs some of these rows.
 Seeds change theta's initialisation and the batch order; intervals are entity-clustered
 bootstrap intervals pooled over seeds (`plasticlm.eval.pooled_bootstrap_ci`), and the
 differences are paired on the same items. Writes bench/results/fednl_beyond_window_<task>.json.
-The code is `plasticlm.fednl.beyond_window` (``plasticlm demo`` runs it too); this is its CLI.
+The code is `plasticlm.experiments.fednl.beyond_window` (``plasticlm demo`` runs it too); this is its CLI.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv=None) -> int:
-    from plasticlm.fednl.beyond_window import ABLATION, BASELINE, VARIANTS
+    from plasticlm.experiments.fednl.beyond_window import ABLATION, BASELINE, VARIANTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="sandbox")
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         variants = (BASELINE, *[v for v in ABLATION if v in wanted])
 
     from plasticlm.cli import setup_logging
-    from plasticlm.fednl.beyond_window import beyond_window_table, run_beyond_window
+    from plasticlm.experiments.fednl.beyond_window import beyond_window_table, run_beyond_window
     from plasticlm.runtime import set_threads
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world

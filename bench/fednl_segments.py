@@ -63,16 +63,16 @@ def main(argv=None) -> int:
         args.out = str(Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "fednl_segments.json")
 
     from plasticlm.config import override
+    from plasticlm.data.context_tasks import load_client_streams
     from plasticlm.eval import format_ci, pooled_bootstrap_ci, seed_ci
+    from plasticlm.experiments.fednl.streaming import stream_ce
+    from plasticlm.experiments.fednl.variants import ExperimentConfig, Variant, federated_config
     from plasticlm.fednl.local import local_update
     from plasticlm.fednl.setup import build_model, tasks_for
-    from plasticlm.fednl.streaming import stream_ce
     from plasticlm.fednl.task import NIAHTask
     from plasticlm.fednl.theta import get_theta, set_theta
-    from plasticlm.fednl.variants import ExperimentConfig, Variant, federated_config
     from plasticlm.runtime import set_threads
     from plasticlm.sandbox import resolve_data_spec
-    from plasticlm.sandbox.tasks import load_client_streams
 
     set_threads()
     cfg = ExperimentConfig(experiment="niah")

@@ -1,6 +1,6 @@
 """One prepared check on one CUDA GPU: the delta-rule op against fla's kernel, and each method
 one step at the full Qwen2.5-0.5B shape (random weights; bf16 and fp32) beside its baseline
-(``plasticlm.shape_bench``), with time and peak GPU memory.
+(``plasticlm.experiments.bench.shapes``), with time and peak GPU memory.
 
 Run through ``bench/gpu_check.sh`` (it sets the import path); CI never runs it. Prints one
 table and, with ``--out FILE``, writes the same as JSON. Needs no download: the models are built
@@ -23,9 +23,9 @@ from collections.abc import Callable
 import torch
 
 from plasticlm.eval.lm_head import _fused_kernel, chunked_cross_entropy
+from plasticlm.experiments.bench.shapes import run_shape_bench
 from plasticlm.memory.fla_bridge import fla_chunk_delta_rule
 from plasticlm.memory.ops import delta_rule, delta_rule_chunkwise
-from plasticlm.shape_bench import run_shape_bench
 
 SHAPE = "qwen2.5-0.5b"
 

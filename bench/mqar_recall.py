@@ -22,8 +22,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from plasticlm.config import parse_value  # noqa: E402
-from plasticlm.memory.mqar import run_mqar  # noqa: E402
-from plasticlm.memory.mqar_config import MQARConfig  # noqa: E402
+from plasticlm.experiments.memory.mqar import run_mqar  # noqa: E402
+from plasticlm.experiments.memory.mqar_config import MQARConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # --smoke: every part (both variants, the curve, the test settings, the plot) at tiny sizes

@@ -37,8 +37,8 @@ from pathlib import Path
 import httpx
 
 from plasticlm.eval import bootstrap_ci, qa_prompt
+from plasticlm.experiments.refine.experiment import ExperimentConfig, load_questions
 from plasticlm.refine.codec import read_metadata
-from plasticlm.refine.experiment import ExperimentConfig, load_questions
 from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.report import LINK_MB_PER_S, link_latency_ms
 from plasticlm.runs import write_text_atomic

@@ -40,9 +40,9 @@ def main() -> None:
         args.out = tempfile.mkdtemp(prefix="bench-smoke-")
 
     from plasticlm.data.squad import load_squad
+    from plasticlm.experiments.scol.setup import ExperimentConfig, load_model, resolve_world_file
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.meta import consolidate_stream
-    from plasticlm.scol.setup import ExperimentConfig, load_model, resolve_world_file
 
     cfg = ExperimentConfig(model=args.model, preset=preset, squad=args.squad,
                            threads=args.threads)

@@ -91,11 +91,11 @@ def main() -> None:
 
     from plasticlm.eval import bootstrap_ci, format_ci
     from plasticlm.eval.ci import CI
+    from plasticlm.experiments.scol.one_update import probe_items
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
     from plasticlm.scol.consolidate import MODULES, LoraTrainConfig, adapt_lora, context_windows
-    from plasticlm.scol.one_update import probe_items
 
     torch.set_num_threads(args.threads)
     t0 = time.time()

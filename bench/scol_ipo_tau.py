@@ -48,13 +48,13 @@ def main() -> None:
 
     import torch
 
+    from plasticlm.experiments.scol.choice_learning import choices_of, train_ipo
+    from plasticlm.experiments.scol.oracle import colliding_streams
+    from plasticlm.experiments.scol.setup import ExperimentConfig, load_model
     from plasticlm.runtime import set_threads
     from plasticlm.scol.action_scores import candidate_logprobs
-    from plasticlm.scol.choice_learning import choices_of, train_ipo
     from plasticlm.scol.consolidate import num_layers_of
-    from plasticlm.scol.oracle import colliding_streams
     from plasticlm.scol.policy import LayerGrammar
-    from plasticlm.scol.setup import ExperimentConfig, load_model
 
     set_threads(args.threads)
     walks = json.loads((RESULTS / "scol_oracle_v2.json").read_text())

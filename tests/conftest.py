@@ -80,3 +80,25 @@ def tiny_squad_world(tmp_path_factory):
         write_squad(folder / "squad.json", passages)
         return folder, model, tok
     return make
+
+
+# The SCoL tests' contexts: six made-up drugs, each a two-sentence passage with two
+# closed-book questions (what it treats, who makes it) answered in it.
+DRUGS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
+         ("Quinomab", "gout", "Munder Bio"), ("Lorepril", "eczema", "Pyrrha Labs"),
+         ("Dexastatin", "anemia", "Caddis Medical"), ("Fenovir", "vertigo", "Tolland Pharma")]
+
+
+@pytest.fixture(scope="session")
+def drug_passages():
+    """The six :data:`DRUGS` as SQuAD-format passages, in that order."""
+    from plasticlm.data.records import QA, Answer, Passage
+
+    out = []
+    for name, cond, maker in DRUGS:
+        text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
+        out.append(Passage(name, text, (
+            QA(f"{name}.t", f"What condition is {name} used to treat?",
+               (Answer(cond, text.index(cond)),)),
+            QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),)))))
+    return out

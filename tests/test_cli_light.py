@@ -68,15 +68,15 @@ def test_quick_runs_write_to_their_own_folders():
                        (["scol", "train", "--quick"], "runs/scol-train-quick")):
         assert parse(argv).out == want, argv
     from plasticlm.config import load_config, preset_path
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.variants import ExperimentConfig
 
     quick = load_config(FedNLConfig, None, [], preset=preset_path("fednl", "quick"))
     assert quick.name != FedNLConfig().name
     quick = load_config(ExperimentConfig, None, [], preset=preset_path("fednl", "experiment-quick"))
     assert quick.out != ExperimentConfig().out
     for name in ("ladder", "transfer"):
-        from plasticlm.refine.ladder import TransferConfig
+        from plasticlm.experiments.refine.ladder import TransferConfig
 
         quick = load_config(TransferConfig, None, [], preset=preset_path("refine", f"{name}-quick"))
         assert quick.out != TransferConfig().out

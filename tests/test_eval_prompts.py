@@ -5,13 +5,13 @@ from types import SimpleNamespace
 import pytest
 
 import plasticlm.eval.multiple_choice as mc
+import plasticlm.experiments.scol.longbench as scol_longbench
 import plasticlm.fednl.task as fednl_task
-import plasticlm.scol.longbench as scol_longbench
 from plasticlm.data.mmlu import write_mmlu
 from plasticlm.data.records import MCQuestion
 from plasticlm.eval import MCConfig, choice_scores, qa_continuation, qa_line, qa_prompt
+from plasticlm.experiments.refine.experiment import ExperimentConfig, load_questions
 from plasticlm.refine.examples import make_examples
-from plasticlm.refine.experiment import ExperimentConfig, load_questions
 from plasticlm.scol.rewards import qa_prompt as scol_qa_prompt
 
 QUESTION = "Which organ does Kalomira act on?"

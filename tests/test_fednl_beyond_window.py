@@ -1,4 +1,4 @@
-"""The beyond-the-window comparison (plasticlm.fednl.beyond_window) on the quick sandbox:
+"""The beyond-the-window comparison (plasticlm.experiments.fednl.beyond_window) on the quick sandbox:
 the report's shape, NIAH items whose needle lies beyond the window, and which variant
 trains what."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plasticlm.fednl import beyond_window as bw
+from plasticlm.experiments.fednl import beyond_window as bw
 
 WINDOW = 16
 LENGTH = 128   # the quick tokenizer needs 128 tokens to leave a haystack

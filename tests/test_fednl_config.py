@@ -14,6 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from plasticlm.config import load_config, override, preset_path, to_dict
 from plasticlm.errors import PlasticError
+from plasticlm.experiments.fednl.variants import ExperimentConfig, federated_config, variants
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import (
     RUN_DIR_KEY,
@@ -27,7 +28,6 @@ from plasticlm.fednl.messages import pack_theta
 from plasticlm.fednl.processes import APP_DIR
 from plasticlm.fednl.sections import AGGREGATORS, METHODS
 from plasticlm.fednl.strategy import ThetaAverage
-from plasticlm.fednl.variants import ExperimentConfig, federated_config, variants
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -101,8 +101,8 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
                      "max_train": 4, "closed_book_share": 0.25}})
         assert all(t.closed_book for t in tasks_for(cfg))
     # the experiment's closed-book row, and only it, trains with them
-    from plasticlm.fednl.experiment import _closed_book_cell
-    from plasticlm.fednl.variants import ExperimentConfig, federated_config, variants
+    from plasticlm.experiments.fednl.experiment import _closed_book_cell
+    from plasticlm.experiments.fednl.variants import ExperimentConfig, federated_config, variants
 
     ecfg = override(ExperimentConfig(), {"run.data.source": str(quick_world)})
     shares = {v.label: federated_config(ecfg, v, 0, quick_world).data.closed_book_share
@@ -122,7 +122,7 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
 
 
 def test_long_stream_settings_that_cannot_work_are_refused():
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     with pytest.raises(PlasticError, match="at least one bucket"):
         ExperimentConfig(experiment="stream", stream_tokens=100, stream_questions=False)
@@ -133,9 +133,9 @@ def test_long_stream_settings_that_cannot_work_are_refused():
 def test_long_streams_continue_each_domain_with_the_others(quick_world):
     from transformers import AutoTokenizer
 
-    from plasticlm.fednl.streaming import long_streams
+    from plasticlm.data.context_tasks import load_client_streams
+    from plasticlm.experiments.fednl.streaming import long_streams
     from plasticlm.sandbox import sandbox_model
-    from plasticlm.sandbox.tasks import load_client_streams
 
     streams = load_client_streams(quick_world / "client_streams.jsonl")
     tok = AutoTokenizer.from_pretrained(sandbox_model("receiver", "quick"))
@@ -178,9 +178,9 @@ def test_theta_only_memory_recalls_beyond_the_window_of_a_frozen_base():
     """A frozen tiny base pre-trained on associative recall with full attention loses it at
     a 4-token window; training theta alone (memory LoRA, beta, gate) brings recall back
     well above the windowed base, and the same theta with its recurrence removed does not."""
+    from plasticlm.experiments.memory.mqar import mqar_accuracy, mqar_batch
     from plasticlm.fednl.objective import answer_loss, param_groups
     from plasticlm.fednl.theta import trainable
-    from plasticlm.memory.mqar import mqar_accuracy, mqar_batch
 
     vocab, seq, kv = 32, 24, 3
 
@@ -239,7 +239,7 @@ ROWS = 'rows=["fednl", "untrained, window"]'
 @pytest.fixture(scope="module")
 def quick_experiment(tmp_path_factory):
     from plasticlm.config import load_config, preset_path
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     out = tmp_path_factory.mktemp("fx")
 
@@ -256,9 +256,9 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
     """FedNL, the windowed FedAvg reference and the untrained model on Flower (the decay and
     no-recurrence rows differ from FedNL's only in its config; full attention runs in the
     demo's test)."""
+    from plasticlm.experiments.fednl.experiment import run_experiment
+    from plasticlm.experiments.fednl.variants import variants
     from plasticlm.fednl import run as fed_run
-    from plasticlm.fednl.experiment import run_experiment
-    from plasticlm.fednl.variants import variants
 
     cfg = quick_experiment("openbook", ROWS)
     results = run_experiment(cfg, progress=False)
@@ -281,7 +281,7 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
                         lambda *a, **k: pytest.fail("a finished run was run again"))
     assert run_experiment(cfg, progress=False)["runs"] == results["runs"]
     # a finished run whose saved config predates a field (here: memory.decay) is reused too
-    from plasticlm.fednl.variants import federated_config, trained_model
+    from plasticlm.experiments.fednl.variants import federated_config, trained_model
 
     fednl = next(v for v in variants(cfg) if v.label == "fednl")
     fcfg = federated_config(cfg, fednl, 0, folder)
@@ -294,7 +294,7 @@ def test_openbook_experiment_runs_its_variants_on_flower_and_resumes(quick_exper
 
 @pytest.mark.slow   # 52 s on 2 cores with the shared quick experiment: `make test-slow`
 def test_stream_memory_and_comm_experiments(quick_experiment):
-    from plasticlm.fednl.experiment import run_experiment
+    from plasticlm.experiments.fednl.experiment import run_experiment
 
     stream = run_experiment(quick_experiment("stream", ROWS), progress=False)
     assert {"fednl", "fedavg LoRA, window"} <= set(stream["variants"])
@@ -326,11 +326,11 @@ def test_in_stream_questions_are_scored_from_the_stream_state():
     nothing else: equal to the parallel windowed forward over the stream's text up to the
     question plus that choice (the state is restored between choices; the answered line then
     joins the stream)."""
+    from plasticlm.data.context_tasks import StreamSegment
     from plasticlm.eval import qa_continuation, qa_line, qa_prompt
-    from plasticlm.fednl.streaming import stream_questions
+    from plasticlm.experiments.fednl.streaming import stream_questions
     from plasticlm.memory import attach_memory, meta_parameters
     from plasticlm.models import train_bpe_tokenizer
-    from plasticlm.sandbox.tasks import StreamSegment
 
     texts = ["Velazole is a drug that acts on the liver.", "Ofloxin acts on the heart.",
              "Corvell was written in Kestmark."]
@@ -366,7 +366,7 @@ def test_in_stream_questions_are_scored_from_the_stream_state():
 
 
 def test_in_stream_summary_splits_each_stream_at_its_middle():
-    from plasticlm.fednl.streaming import _question_summary
+    from plasticlm.experiments.fednl.streaming import _question_summary
 
     def q(tokens, correct):
         return {"tokens": tokens, "correct": correct}
@@ -386,8 +386,8 @@ def test_rows_pick_variants_and_old_results_still_match(tmp_path):
     import json
 
     from plasticlm.errors import PlasticError
-    from plasticlm.fednl.experiment import _load_results
-    from plasticlm.fednl.variants import ExperimentConfig, variants
+    from plasticlm.experiments.fednl.experiment import _load_results
+    from plasticlm.experiments.fednl.variants import ExperimentConfig, variants
 
     cfg = ExperimentConfig(experiment="niah", rows=("fednl", "fedavg LoRA, full attention"))
     assert [v.label for v in variants(cfg)] == ["fednl", "fedavg LoRA, window",
@@ -414,8 +414,8 @@ def test_accuracy_table_calls_a_difference_only_when_the_seeds_agree():
     """The verdict of a row against windowed FedAvg needs the items pooled over seeds and the
     seeds' own differences to exclude zero: a gain made by one seed of three is no difference.
     The paper's figures stand in the rows they belong to (FedNL 29.7, FedALA 28.6)."""
-    from plasticlm.fednl.experiment import accuracy_table
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import accuracy_table
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl", "fedala"))
     n = 200
@@ -449,10 +449,10 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
     """The central pooled row trains theta once, without Flower, on all seven NIAH clients'
     items for rounds x local steps x clients optimiser steps; its theta is saved and a second
     call loads it."""
-    import plasticlm.fednl.central as central
+    import plasticlm.experiments.fednl.central as central
+    from plasticlm.experiments.fednl.variants import federated_config, trained_model, variants
     from plasticlm.fednl.setup import tasks_for
     from plasticlm.fednl.theta import get_theta
-    from plasticlm.fednl.variants import federated_config, trained_model, variants
 
     cfg = quick_experiment("niah", "run.train.rounds=2", "run.train.local_steps=3")
     row = next(v for v in variants(cfg) if v.central)
@@ -465,7 +465,7 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
         return real(model, tok, task, theta, state, c, seed)
 
     monkeypatch.setattr(central, "local_update", spy)
-    monkeypatch.setattr("plasticlm.fednl.variants.run_federated",
+    monkeypatch.setattr("plasticlm.experiments.fednl.variants.run_federated",
                         lambda c: pytest.fail("the central row ran a federation"))
     model, tok, summary = trained_model(fcfg, True, progress=False, central=True)
     clients = tasks_for(fcfg)
@@ -482,8 +482,8 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
 
 
 def test_baseline_gap_line_gives_fednl_minus_each_paper_baseline():
-    from plasticlm.fednl.experiment import accuracy_table
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import accuracy_table
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     cfg = ExperimentConfig(experiment="niah", seeds=3, rows=("fednl", "fedala", "fedprox"))
     n = 200
@@ -510,8 +510,8 @@ def test_baseline_gap_line_gives_fednl_minus_each_paper_baseline():
 def test_lever_line_gives_each_fednl_variant_minus_fednl():
     """What each lever moved: the row minus FedNL at the same budget, paired on the items;
     the central yardstick and the untrained control are not levers."""
-    from plasticlm.fednl.experiment import accuracy_table
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import accuracy_table
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     cfg = ExperimentConfig(experiment="niah", seeds=3,
                            rows=("fednl", "fednl, 3x rounds", "fednl, FedAvgM",
@@ -541,8 +541,8 @@ def test_lever_line_gives_each_fednl_variant_minus_fednl():
 
 
 def test_central_gap_line_pairs_each_federated_fednl_row_with_the_yardstick():
-    from plasticlm.fednl.experiment import accuracy_table
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import accuracy_table
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     cfg = ExperimentConfig(experiment="niah", seeds=3,
                            rows=("fednl", "fednl, central (pooled)", "fednl, 3x rounds"))

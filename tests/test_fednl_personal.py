@@ -11,12 +11,17 @@ from safetensors.torch import load_file
 from test_fednl_weighted_mean import CONFIG, COUNTS
 
 from plasticlm.config import from_dict, override
-from plasticlm.fednl import experiment
+from plasticlm.experiments.fednl import experiment
+from plasticlm.experiments.fednl.variants import (
+    PERSONAL_GATE,
+    ExperimentConfig,
+    Variant,
+    client_theta,
+)
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import FedNLPersonal, is_personal
 from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import get_theta, set_theta
-from plasticlm.fednl.variants import PERSONAL_GATE, ExperimentConfig, Variant, client_theta
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,7 +3,7 @@ the tasks a row wins over the untrained-memory control."""
 
 import pytest
 
-from plasticlm.fednl.task_table import CONTROL, per_task_table, task_scores, tasks_of
+from plasticlm.experiments.fednl.task_table import CONTROL, per_task_table, task_scores, tasks_of
 
 
 def _run(single: list[float], uuid: list[float]) -> dict:
@@ -54,8 +54,8 @@ def test_the_control_row_is_not_compared_with_itself(label):
 
 
 def test_the_niah_table_ends_with_the_per_task_table_when_items_name_their_task():
-    from plasticlm.fednl.experiment import accuracy_table
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import accuracy_table
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     cfg = ExperimentConfig(experiment="niah", seeds=1, rows=("fednl",))
     runs = {f"{label}|0": {**_run([1, 0, 1, 1], [0, 0, 1, 0]), "theta_bytes": 1000}

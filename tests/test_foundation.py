@@ -347,8 +347,8 @@ def test_a_typo_in_a_choice_is_refused_naming_the_choices(tmp_path):
 def test_scol_follows_the_commands_thread_policy_unless_its_config_names_one(monkeypatch):
     """SCoL's `threads` used to default to 1 and override `--threads`; now it is null (the
     command's policy) unless set."""
-    import plasticlm.scol.setup as scol_setup
-    from plasticlm.scol.setup import ExperimentConfig, quick_config
+    import plasticlm.experiments.scol.setup as scol_setup
+    from plasticlm.experiments.scol.setup import ExperimentConfig, quick_config
 
     monkeypatch.setattr(scol_setup, "load_causal_lm", lambda *a, **k: (torch.nn.Linear(1, 1),
                                                                         None))

@@ -285,7 +285,7 @@ def test_config_dataclass_defaults():
 
 
 def test_mqar_batch_follows_the_protocol():
-    from plasticlm.memory.mqar import IGNORE, mqar_batch
+    from plasticlm.experiments.memory.mqar import IGNORE, mqar_batch
 
     ids, labels = mqar_batch(4, 40, 6, 64, torch.Generator().manual_seed(0))
     for row, lab in zip(ids, labels):
@@ -303,8 +303,8 @@ def test_mqar_memory_recalls_what_the_window_cannot():
     """With the key-value pairs beyond a 4-token window, the window alone and the memory with
     its recurrence removed stay at chance (1/16 values) while the memory recalls well above
     it; learning the value range alone would not pass."""
-    from plasticlm.memory.mqar import train_mqar
-    from plasticlm.memory.mqar_config import MQARConfig
+    from plasticlm.experiments.memory.mqar import train_mqar
+    from plasticlm.experiments.memory.mqar_config import MQARConfig
 
     cfg = MQARConfig(steps=200, batch=16, seq_len=32, num_kv=4, vocab=32, hidden=32, heads=2,
                      window=4, eval_every=200, test_examples=256)

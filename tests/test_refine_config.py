@@ -9,9 +9,9 @@ import pytest
 
 from plasticlm.config import describe, field_docs, from_dict, load_config, preset_path
 from plasticlm.errors import PlasticError
-from plasticlm.refine.experiment import ExperimentConfig
+from plasticlm.experiments.refine.experiment import ExperimentConfig
+from plasticlm.experiments.refine.ladder import ROWS, TransferConfig
 from plasticlm.refine.fuser_config import CONFIG_NAME, FuserConfig, read_fuser_config
-from plasticlm.refine.ladder import ROWS, TransferConfig
 from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.serving import ServiceConfig
 from plasticlm.refine.train import FuserTrainConfig

@@ -228,7 +228,7 @@ def test_probe_reads_the_specialists_answer_from_its_cache(pair):
     last-layer cache at the last prompt token, and not from the control's: 4-fold
     cross-validation over the 32 entities, so every entity is scored once by a probe trained
     on the other 24 (measured 66% vs 25%, n = 32)."""
-    from plasticlm.refine.probe import ProbeItem, probe_table
+    from plasticlm.experiments.refine.probe import ProbeItem, probe_table
 
     _, specialist, control, facts = pair
     names = sorted(facts)
@@ -249,7 +249,7 @@ def test_probe_reads_the_specialists_answer_from_its_cache(pair):
 
 def test_transfer_experiment_quick_writes_every_row_with_its_control(tmp_path, capsys):
     from plasticlm.cli import main
-    from plasticlm.refine.transfer import entity_of
+    from plasticlm.experiments.refine.transfer import entity_of
 
     assert entity_of("Which organ does Quinemab act on?") == "Quinemab"
     out = tmp_path / "transfer"

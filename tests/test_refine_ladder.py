@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 import plasticlm.refine.fuser as fuser_module
 from plasticlm.errors import PlasticError
+from plasticlm.experiments.refine.rungs import LABELS, handover_fuser, zero_fuser
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Example, FedRefine, FuserTrainConfig, KVCache, KVLayout, Link, Peer
 from plasticlm.refine.cache import stack_caches
 from plasticlm.refine.modes import alone_state
 from plasticlm.refine.objectives import cache_gap
 from plasticlm.refine.prepared import fused_batch_state, prepare_examples
-from plasticlm.refine.rungs import LABELS, handover_fuser, zero_fuser
 from plasticlm.refine.train import train_fusers
 from plasticlm.sandbox import teach_facts
 
@@ -251,7 +251,7 @@ def test_ladder_quick_writes_every_rung_beside_its_control(tmp_path):
 
 def test_transfer_refuses_a_teacher_objective_on_rows_without_a_teacher():
     from plasticlm.config import load_config
-    from plasticlm.refine.ladder import TransferConfig
+    from plasticlm.experiments.refine.ladder import TransferConfig
 
     with pytest.raises(PlasticError, match="needs a teacher"):
         load_config(TransferConfig, None, ["fuser.objective=cache"])
@@ -266,7 +266,7 @@ def test_multi_and_co_c2c_train_toward_teachers_on_domain_text(tmp_path):
     shape taught every fact for Co-C2C's other direction), on general + domain text that
     names no evaluation entity."""
     from plasticlm.cli import main
-    from plasticlm.refine.training_text import domain_texts
+    from plasticlm.experiments.refine.training_text import domain_texts
 
     out = tmp_path / "transfer"
     assert main(["refine", "experiment", "transfer", "--quick", "--set", f"out={out}",

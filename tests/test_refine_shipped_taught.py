@@ -8,19 +8,19 @@ import json
 import pytest
 import torch
 
-import plasticlm.refine.shipped_taught as shipped_module
-import plasticlm.refine.taught as taught_module
+import plasticlm.experiments.refine.shipped_taught as shipped_module
+import plasticlm.experiments.refine.taught as taught_module
 from plasticlm.errors import PlasticError
-from plasticlm.models import build_tiny, train_bpe_tokenizer
-from plasticlm.refine.ladder import Ladder, TransferConfig
-from plasticlm.refine.rungs import LadderConfig
-from plasticlm.refine.shipped_taught import (
+from plasticlm.experiments.refine.ladder import Ladder, TransferConfig
+from plasticlm.experiments.refine.rungs import LadderConfig
+from plasticlm.experiments.refine.shipped_taught import (
     SHIPPED_TAUGHT,
     shipped_taught,
     weights_sha256,
     write_shipped_taught,
 )
-from plasticlm.refine.taught import Facts, taught_peer, teaching_key
+from plasticlm.experiments.refine.taught import Facts, taught_peer, teaching_key
+from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.sandbox.pretrain import save_model_atomic
 from plasticlm.sandbox.shipped import mismatches, read_manifest, shipped_dir
 

@@ -280,29 +280,17 @@ def test_fednl_robust_rules_equal_flowers_strategies(rule):
 # SCoL: the methods compared (METHODS), layer selections (SELECTIONS), rewards (REWARDS)
 # ---------------------------------------------------------------------------------------------
 
-SCOL_FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
-              ("Quinomab", "gout", "Munder Bio")]
-
-
-def _scol_passage(name, cond, maker):
-    from plasticlm.data.records import QA, Answer, Passage
-
-    text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
-    return Passage(name, text, (
-        QA(f"{name}.t", f"What condition is {name} used to treat?",
-           (Answer(cond, text.index(cond)),)),
-        QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),))))
 
 
 @pytest.fixture(scope="module")
-def scol_tiny(one_thread):
+def scol_tiny(one_thread, drug_passages):
     """The SCoL tests' tiny Qwen3 (4 layers) and BPE tokenizer, and three contexts with two
     closed-book questions each."""
     from plasticlm.eval import qa_line
     from plasticlm.models import build_tiny, train_bpe_tokenizer
     from plasticlm.scol.contexts import contexts_from_passages
 
-    passages = [_scol_passage(*f) for f in SCOL_FACTS]
+    passages = drug_passages[:3]
     texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
         qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
     tok = train_bpe_tokenizer(texts, vocab_size=300)
@@ -313,7 +301,7 @@ def scol_tiny(one_thread):
 
 
 def _scol_config(**scol):
-    from plasticlm.scol.setup import ExperimentConfig
+    from plasticlm.experiments.scol.setup import ExperimentConfig
 
     return from_dict(ExperimentConfig, {
         "prompt_tokens": 64, "scol": {"k": 3, "temperature": 2.0, "reward": "intrinsic",
@@ -428,11 +416,11 @@ def test_scol_every_reward_ranks_learning_the_context_above_learning_something_e
 
 def test_scol_config_typos_are_refused_with_the_choices(scol_tiny, capsys):
     from plasticlm.cli import main
+    from plasticlm.experiments.scol.calibrate import SweepConfig
+    from plasticlm.experiments.scol.setup import ExperimentConfig
     from plasticlm.scol.baselines import METHODS
-    from plasticlm.scol.calibrate import SweepConfig
     from plasticlm.scol.rewards import REWARDS
     from plasticlm.scol.selections import SELECTIONS
-    from plasticlm.scol.setup import ExperimentConfig
     from plasticlm.scol.stream import consolidate_stream
 
     with pytest.raises(PlasticError, match=f"config methods.1: unknown SCoL method 'scoll'; "

@@ -4,6 +4,7 @@ the question, and every question is asked only after its evidence."""
 import pytest
 
 from plasticlm.errors import PlasticError
+from plasticlm.eval.prompts import context_prompt
 from plasticlm.sandbox import (
     WorldConfig,
     client_stream,
@@ -32,7 +33,7 @@ def test_openbook_items_hold_their_evidence_before_the_filler(world):
         passage, _, filler = it.context.partition("\n")
         assert right in passage and it.entity in passage and right not in filler
         assert len(filler.split()) >= 50 and it.entity in it.question
-        assert it.prompt.endswith(f"Q: {it.question} A:")
+        assert context_prompt(it.context, it.question).endswith(f"Q: {it.question} A:")
         assert len(set(it.choices)) == 4
     assert {it.closed for it in items} == {True, False}
     assert openbook_items(world, filler_words=(50, 60), seed=1) == items

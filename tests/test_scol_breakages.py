@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from plasticlm.config import override
-from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.data.squad import write_squad
 from plasticlm.eval import qa_line
 from plasticlm.models import build_tiny, train_bpe_tokenizer
@@ -30,23 +29,11 @@ from plasticlm.scol.consolidate import LoraTrainConfig
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
 from plasticlm.scol.ipo import PreferencePair, ipo_update
 
-FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
-         ("Quinomab", "gout", "Munder Bio"), ("Lorepril", "eczema", "Pyrrha Labs"),
-         ("Dexastatin", "anemia", "Caddis Medical"), ("Fenovir", "vertigo", "Tolland Pharma")]
-
-
-def _passage(name, cond, maker):
-    text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
-    return Passage(name, text, (
-        QA(f"{name}.t", f"What condition is {name} used to treat?",
-           (Answer(cond, text.index(cond)),)),
-        QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),))))
-
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, one_thread):
+def tiny(tmp_path_factory, one_thread, drug_passages):
     """A 4-layer tiny model and its tokenizer, saved with a SQuAD file of six passages."""
-    passages = [_passage(*f) for f in FACTS]
+    passages = drug_passages
     texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
         qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
     tok = train_bpe_tokenizer(texts, vocab_size=300)
@@ -132,10 +119,10 @@ def experiment_seed(tiny, tmp_path_factory):
     for real; records what each meta-training was given and what its inner loop ran with,
     and the model each method's row starts consolidating from. Each returned policy gets a
     distinct mark, so that the rows' starting models say whose policy they are."""
+    import plasticlm.experiments.scol.experiment as experiment
     import plasticlm.scol.baselines as baselines
-    import plasticlm.scol.experiment as experiment
     import plasticlm.scol.meta as meta
-    from plasticlm.scol.setup import quick_config
+    from plasticlm.experiments.scol.setup import quick_config
 
     _, _, _, folder = tiny
     cfg = override(quick_config(), {

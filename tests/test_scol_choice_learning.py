@@ -10,13 +10,13 @@ import torch
 
 from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.eval import encode_with_bos
-from plasticlm.scol import policy_experiment
+from plasticlm.experiments.scol import policy_experiment
+from plasticlm.experiments.scol.choice_learning import ContextChoices, action_ids, train_ipo
+from plasticlm.experiments.scol.oracle import layer_sets
+from plasticlm.experiments.scol.policy_experiment import summarise
+from plasticlm.experiments.scol.setup import ExperimentConfig
 from plasticlm.scol.action_scores import candidate_logprobs, completion_logprob
-from plasticlm.scol.choice_learning import ContextChoices, action_ids, train_ipo
-from plasticlm.scol.oracle import layer_sets
 from plasticlm.scol.policy import LayerGrammar, action_prompt, parse_layers
-from plasticlm.scol.policy_experiment import summarise
-from plasticlm.scol.setup import ExperimentConfig
 
 DRUGS = [("Tamasartan", "glaucoma"), ("Velizole", "asthma"), ("Quinomab", "gout"),
          ("Lorepril", "eczema"), ("Fendraxin", "migraine"), ("Olmavir", "psoriasis")]

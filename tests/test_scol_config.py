@@ -10,10 +10,10 @@ import pytest
 
 from plasticlm.config import describe, field_docs, from_dict, load_config, override, preset_path
 from plasticlm.errors import PlasticError
-from plasticlm.scol.calibrate import SweepConfig
+from plasticlm.experiments.scol.calibrate import SweepConfig
+from plasticlm.experiments.scol.setup import ExperimentConfig
 from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import LoraTrainConfig
-from plasticlm.scol.setup import ExperimentConfig
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 CONFIGS = (ExperimentConfig, SCoLConfig, LoraTrainConfig, SweepConfig)

@@ -1,4 +1,4 @@
-"""One inner update beside its controls (plasticlm.scol.one_update) on the quick sandbox:
+"""One inner update beside its controls (plasticlm.experiments.scol.one_update) on the quick sandbox:
 the report's rows, an untouched row that no seed's update reaches, an update confined to
 LoRA on the named layer, and a paired entity that is neither the passage's nor trained on."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from plasticlm.scol import one_update as ou
+from plasticlm.experiments.scol import one_update as ou
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plasticlm.data.records import QA, Answer, Passage
+from plasticlm.experiments.scol.oracle import (
+    colliding_streams,
+    layer_sets,
+    pick_entropy_bits,
+    summarise,
+)
+from plasticlm.experiments.scol.setup import ExperimentConfig
 from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, context_windows
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import SCoLConfig
-from plasticlm.scol.oracle import colliding_streams, layer_sets, pick_entropy_bits, summarise
 from plasticlm.scol.rewards import loglik_reward, reward_probe
-from plasticlm.scol.setup import ExperimentConfig
 
 DRUGS = [("Tamasartan", "glaucoma"), ("Velizole", "asthma"), ("Quinomab", "gout"),
          ("Lorepril", "eczema")]

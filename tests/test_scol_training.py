@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plasticlm.config import from_dict, override
-from plasticlm.data.records import QA, Answer, Passage
 from plasticlm.errors import PlasticError
+from plasticlm.experiments.scol.fisher import layer_fisher, random_recall, recall, top_layers
+from plasticlm.experiments.scol.setup import METHODS
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -23,28 +24,14 @@ from plasticlm.scol.consolidate import (
     layer_change,
 )
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
-from plasticlm.scol.fisher import layer_fisher, random_recall, recall, top_layers
 from plasticlm.scol.ipo import PreferencePair, ipo_loss, ipo_update, preference_pairs
 from plasticlm.scol.meta import SCoLConfig, consolidate_stream, meta_train
 from plasticlm.scol.rewards import intrinsic_reward, supervised_reward
-from plasticlm.scol.setup import METHODS
-
-FACTS = [("Tamasartan", "glaucoma", "Orvane Labs"), ("Velizole", "asthma", "Keltis Pharma"),
-         ("Quinomab", "gout", "Munder Bio"), ("Lorepril", "eczema", "Pyrrha Labs"),
-         ("Dexastatin", "anemia", "Caddis Medical"), ("Fenovir", "vertigo", "Tolland Pharma")]
-
-
-def _passage(name, cond, maker):
-    text = f"Doctors prescribe {name} for {cond}. {name} is made by {maker}."
-    return Passage(name, text, (
-        QA(f"{name}.t", f"What condition is {name} used to treat?",
-           (Answer(cond, text.index(cond)),)),
-        QA(f"{name}.m", f"Which company makes {name}?", (Answer(maker, text.index(maker)),))))
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_squad_world, one_thread):
-    passages = [_passage(*f) for f in FACTS]
+def tiny(tiny_squad_world, one_thread, drug_passages):
+    passages = drug_passages
     folder, model, tok = tiny_squad_world(passages, "scol_tiny", ["layers: 0, 1, 2, 3"] * 3,
                                           num_layers=4, max_position_embeddings=512)
     return model, tok, passages, folder
@@ -297,8 +284,8 @@ def test_longbench_experiment_runs_on_items_drawn_from_the_world(tmp_path):
     and every evaluated stream holds its evidence chunk."""
     from dataclasses import replace
 
-    from plasticlm.scol.longbench import run_longbench
-    from plasticlm.scol.setup import longbench_items, quick_config
+    from plasticlm.experiments.scol.longbench import run_longbench
+    from plasticlm.experiments.scol.setup import longbench_items, quick_config
 
     cfg = replace(quick_config(), longbench_per_length=4, chunk_tokens=48)
     assert cfg.scol.outer_steps == 1
@@ -361,8 +348,8 @@ def test_longbench_streams_contain_their_evidence_chunk():
 def test_retention_never_counts_the_last_context():
     """Retention is the last row over every context but the last (just committed): a model
     that only knows its newest context retains nothing."""
+    from plasticlm.experiments.scol.report import summarise_seeds
     from plasticlm.scol.matrix import AccuracyMatrix
-    from plasticlm.scol.report import summarise_seeds
 
     mat = AccuracyMatrix([])
     mat.em = mat.f1 = [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]
@@ -390,7 +377,7 @@ def test_seed_summary_gives_each_difference_its_interval_over_seeds():
     """Beside every paired difference pooled over seeds x contexts, the t-interval of the
     seeds' own differences: two seeds that disagree leave a wide one, and the table shows it."""
     from plasticlm.eval import paired_seed_ci
-    from plasticlm.scol.report import seeds_markdown, summarise_seeds
+    from plasticlm.experiments.scol.report import seeds_markdown, summarise_seeds
 
     def seed(fixed_last_row):
         return {"methods": {"scol": {"matrix_em": [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]},
@@ -416,8 +403,8 @@ def test_a_finished_seed_is_reused_across_settings_added_at_their_defaults():
     (which reproduces the old behaviour), and a different run when it is not."""
     from dataclasses import asdict, replace
 
-    from plasticlm.scol.experiment import same_config
-    from plasticlm.scol.setup import ExperimentConfig
+    from plasticlm.experiments.scol.experiment import same_config
+    from plasticlm.experiments.scol.setup import ExperimentConfig
 
     cfg = ExperimentConfig(eval_length=30, methods=("scol", "fixed_last"))
     stored = json.loads(json.dumps(asdict(cfg)))
@@ -434,7 +421,7 @@ def test_swapped_gain_is_measured_against_the_untouched_models_swapped_answers()
     unseen entity: a method whose swapped answers equal the untouched model's has no
     entity-independent gain, whatever its raw swapped accuracy; one that answers the swapped
     questions as well as its own has all of its gain independent of the entity."""
-    from plasticlm.scol.report import seeds_markdown, summarise_seeds
+    from plasticlm.experiments.scol.report import seeds_markdown, summarise_seeds
 
     imm = [[1.0], [0.0, 1.0], [0.0, 0.0, 1.0]]
     # uneven per-context values: a pairing off by one context gives a non-zero interval
@@ -466,7 +453,7 @@ def test_sandbox_questions_carry_their_legal_answer_sets():
     """Every closed-attribute question of the quick world's SQuAD passages gets the legal
     set its gold answer is in, so the legal-answer rate measures well-formedness."""
     from plasticlm.data.squad import load_squad
-    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
+    from plasticlm.experiments.scol.setup import legal_sets, quick_config, resolve_world_file
 
     cfg = quick_config()
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
@@ -532,9 +519,9 @@ def test_sandbox_questions_have_an_entity_swapped_twin():
     """Each quick-world question gets the same question about a name no world entity has
     (one name per entity), keeping its gold answers: the entity-swap control."""
     from plasticlm.data.squad import load_squad
+    from plasticlm.experiments.scol.setup import quick_config, resolve_world_file, swap_names
     from plasticlm.sandbox import sandbox_world
     from plasticlm.sandbox.world_index import read_world_index
-    from plasticlm.scol.setup import quick_config, resolve_world_file, swap_names
 
     cfg = quick_config()
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
@@ -718,10 +705,10 @@ def test_partial_rows_ask_only_the_newest_context(monkeypatch):
     """A partial row asks its newest context's questions alone (earlier entries None), the
     stream's last row is always full, and immediate / retention equal the full matrix's."""
     from plasticlm.data.squad import load_squad
+    from plasticlm.experiments.scol.setup import legal_sets, quick_config, resolve_world_file
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import sandbox_model
     from plasticlm.scol import matrix as matrix_mod
-    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
 
     cfg = quick_config()
     contexts = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),
@@ -756,11 +743,11 @@ def test_closed_set_retention_sees_a_fact_the_model_was_taught():
     accuracy (immediate and in the last row) reaches 1."""
     from plasticlm.data.squad import load_squad
     from plasticlm.eval import qa_continuation
+    from plasticlm.experiments.scol.setup import legal_sets, quick_config, resolve_world_file
     from plasticlm.models import load_causal_lm
     from plasticlm.sandbox import sandbox_model
     from plasticlm.scol.matrix import AccuracyMatrix
     from plasticlm.scol.rewards import qa_prompt
-    from plasticlm.scol.setup import legal_sets, quick_config, resolve_world_file
 
     cfg = quick_config()
     contexts = [c for c in contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")),

@@ -18,11 +18,14 @@ LAYERS = {
         "plotting", "tls", "cpu", "run_lock", "process_guard", "listener", "home", "nofollow",
         "config_files"},
     1: {"models", "data", "eval"},
-    2: {"memory", "sandbox"},
+    2: {"memory"},
     3: {"fednl", "refine", "scol"},
-    4: {"benchmarks", "shape_bench", "run_report", "tensorboard_export"},
-    5: {"cli"},
+    4: {"sandbox", "run_report", "tensorboard_export"},
+    5: {"experiments"},
+    6: {"cli"},
 }
+# The papers' experiments and the sandbox world they run on: only they and the CLI import them.
+HARNESS = {"experiments", "sandbox"}
 LAYER_OF = {part: n for n, parts in LAYERS.items() for part in parts}
 METHODS = {"fednl", "refine", "scol"}
 
@@ -100,6 +103,41 @@ def test_layers_import_only_downward_and_methods_never_each_other():
             if here in METHODS and there in METHODS:
                 wrong.append(f"method {here} imports method {there}")
     assert not wrong, "\n".join(wrong)
+
+
+def _harness_imports() -> list[str]:
+    """Imports of the experiments or the sandbox from outside them and the CLI, and of one
+    method's experiments from another's."""
+    wrong = []
+    for path in _sources():
+        module = _module(path)
+        here = _part(module)
+        for target, _ in _imports(path):
+            if _part(target) in HARNESS and here not in HARNESS | {"cli"}:
+                wrong.append(f"{module} imports {target}")
+            mine, theirs = module.split("."), target.split(".")
+            if (here == _part(target) == "experiments" and len(mine) > 2 and len(theirs) > 2
+                    and {mine[2], theirs[2]} <= METHODS and mine[2] != theirs[2]):
+                wrong.append(f"{module} imports {target}")
+    return wrong
+
+
+def test_nothing_in_the_library_imports_the_experiments_or_the_sandbox():
+    """The mechanisms a user imports stand alone: the papers' harness and its world sit on
+    top (docs/architecture.md)."""
+    wrong = _harness_imports()
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_harness_check_sees_a_planted_import(tmp_path, monkeypatch):
+    """Break it to trust it: a mechanism module that imports the sandbox."""
+    pkg = tmp_path / "plasticlm"
+    (pkg / "fednl").mkdir(parents=True)
+    (pkg / "sandbox").mkdir()
+    (pkg / "sandbox" / "tasks.py").write_text("X = 1\n")
+    (pkg / "fednl" / "clients.py").write_text("from plasticlm.sandbox.tasks import X\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", pkg)
+    assert _harness_imports() == ["plasticlm.fednl.clients imports plasticlm.sandbox.tasks"]
 
 
 def test_data_imports_nothing_of_the_package_but_errors():

@@ -94,8 +94,8 @@ def test_policy_scores_of_every_layer_set_batched_equal_alone(shape, shape_model
     """The policy experiment's batched scores of C layer sets (``candidate_logprobs``, logits
     [C, L, 151,936 or 128,256] at the scored positions only) equal each set scored alone."""
     from plasticlm.eval import encode_with_bos
+    from plasticlm.experiments.scol.choice_learning import action_ids
     from plasticlm.scol.action_scores import candidate_logprobs, completion_logprob
-    from plasticlm.scol.choice_learning import action_ids
 
     model, tok = shape_model(shape)
     n = num_layers_of(model)

@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 
 from plasticlm.config import load_config
 from plasticlm.errors import PlasticError
+from plasticlm.experiments.scol.setup import ExperimentConfig
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.models import build_tiny, load_causal_lm
 from plasticlm.refine import Fuser, FuserConfig
-from plasticlm.scol.setup import ExperimentConfig
 from plasticlm.tensor_files import load_tensors
 
 

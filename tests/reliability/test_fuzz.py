@@ -33,22 +33,22 @@ from plasticlm.data import (
     load_text_corpus,
 )
 from plasticlm.errors import PlasticError
+from plasticlm.experiments.fednl.variants import ExperimentConfig as FedNLExperimentConfig
+from plasticlm.experiments.memory.mqar_config import MQARConfig
+from plasticlm.experiments.refine.experiment import ExperimentConfig as RefineExperimentConfig
+from plasticlm.experiments.refine.ladder import TransferConfig
+from plasticlm.experiments.scol.calibrate import SweepConfig
+from plasticlm.experiments.scol.setup import ExperimentConfig as SCoLExperimentConfig
 from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.variants import ExperimentConfig as FedNLExperimentConfig
 from plasticlm.memory import attach_memory, from_pretrained, memory_config, save_pretrained
-from plasticlm.memory.mqar_config import MQARConfig
 from plasticlm.models import build_tiny
 from plasticlm.models.llama2c import llama2c_tokenizer, load_llama2c_model
 from plasticlm.refine import Fuser, FuserConfig
-from plasticlm.refine.experiment import ExperimentConfig as RefineExperimentConfig
-from plasticlm.refine.ladder import TransferConfig
 from plasticlm.refine.train import FuserTrainConfig
 from plasticlm.sandbox.text import TextPretrainConfig
 from plasticlm.sandbox.world import WorldConfig
-from plasticlm.scol.calibrate import SweepConfig
 from plasticlm.scol.policy import format_action, parse_layers
-from plasticlm.scol.setup import ExperimentConfig as SCoLExperimentConfig
 from plasticlm.tensor_files import load_tensors
 
 FUZZ = settings(max_examples=40, deadline=None, database=None,

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _bench(args) -> int:
     if args.shape:
         return _shape_bench(args)
-    from plasticlm.benchmarks import run_bench
+    from plasticlm.experiments.bench import run_bench
     from plasticlm.run_report import write_report
 
     report = run_bench(args.out, quick=args.quick, threads=args.threads)
@@ -50,9 +50,9 @@ def _shape_bench(args) -> int:
     import torch
 
     from plasticlm.errors import PlasticError
+    from plasticlm.experiments.bench.shapes import run_shape_bench
     from plasticlm.models.shapes import check_shape
     from plasticlm.runs import write_text_atomic
-    from plasticlm.shape_bench import run_shape_bench
 
     check_shape(args.shape, args.layers)
     if args.batch < 1 or args.threads < 1:

@@ -128,9 +128,9 @@ def _describe(path: Path) -> dict:
         load_streams,
         load_text_corpus,
     )
+    from plasticlm.data.context_tasks import load_client_streams, load_openbook
     from plasticlm.data.mmlu import SPLITS
     from plasticlm.errors import PlasticError
-    from plasticlm.sandbox.tasks import load_client_streams, load_openbook
     from plasticlm.sandbox.world_index import read_world_index
 
     if not path.exists():

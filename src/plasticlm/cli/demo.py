@@ -95,7 +95,11 @@ def _memory(run, preset: str, tokens: int) -> None:
 
 
 def _federated(run, preset: str, quick: bool) -> dict:
-    from plasticlm.fednl.beyond_window import BASELINE, beyond_window_table, run_beyond_window
+    from plasticlm.experiments.fednl.beyond_window import (
+        BASELINE,
+        beyond_window_table,
+        run_beyond_window,
+    )
     from plasticlm.plotting import interval_bars
     from plasticlm.sandbox import get_preset, sandbox_model
     from plasticlm.sandbox.world import generate_world
@@ -137,9 +141,9 @@ def _federated(run, preset: str, quick: bool) -> dict:
 
 def _refine(run, preset: str, quick: bool) -> dict:
     from plasticlm.config import load_config, preset_path
+    from plasticlm.experiments.refine.ladder_table import ladder_table, run_ladder
+    from plasticlm.experiments.refine.rungs import LABELS, LadderConfig
     from plasticlm.plotting import interval_bars
-    from plasticlm.refine.ladder_table import ladder_table, run_ladder
-    from plasticlm.refine.rungs import LABELS, LadderConfig
 
     print("== 5. FedRefine: a fuser carries what the transmitter knows to entities it never "
           "trained on. The transmitter (the oracle) is the receiver taught every specialist "
@@ -178,15 +182,15 @@ def _refine(run, preset: str, quick: bool) -> dict:
 
 
 def _scol(run, preset: str, quick: bool) -> dict:
-    from plasticlm.plotting import interval_bars
-    from plasticlm.sandbox import get_preset, sandbox_model
-    from plasticlm.sandbox.world import generate_world
-    from plasticlm.scol.one_update import (
+    from plasticlm.experiments.scol.one_update import (
         DEMO_SIZES,
         QUICK_SIZES,
         one_update_table,
         run_one_update,
     )
+    from plasticlm.plotting import interval_bars
+    from plasticlm.sandbox import get_preset, sandbox_model
+    from plasticlm.sandbox.world import generate_world
 
     print("== 6. SCoL's inner update writes a passage's facts into the weights: one LoRA update "
           "of the last layer's MLP per unseen-entity passage, its questions answered by "

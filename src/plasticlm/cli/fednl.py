@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "A re-run continues from the finished (variant, seed) pairs.")
     q.add_argument("name", choices=(*EXPERIMENT_NAMES, "all"),
                    help="mmlu | niah | openbook | stream | memory | comm | all")
-    add_config_options(q, "plasticlm.fednl.variants:ExperimentConfig",
+    add_config_options(q, "plasticlm.experiments.fednl.variants:ExperimentConfig",
                        quick="fednl/experiment-quick")
     add_runtime_options(q)
     q.add_argument("--table-only", action="store_true",
@@ -136,8 +136,8 @@ def _compare(args) -> int:
 
 
 def _experiment(args) -> int:
-    from plasticlm.fednl.experiment import run_experiment, table_of_finished
-    from plasticlm.fednl.variants import ExperimentConfig
+    from plasticlm.experiments.fednl.experiment import run_experiment, table_of_finished
+    from plasticlm.experiments.fednl.variants import ExperimentConfig
 
     names = EXPERIMENT_NAMES if args.name == "all" else (args.name,)
     for name in names:

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--threads", type=THREADS, default=None,
                    help="torch CPU threads (the same as --set threads=N)")
     q.add_argument("--out", default="runs/mqar", help="run folder for config.json and result.json")
-    add_config_options(q, "plasticlm.memory.mqar_config:MQARConfig")
+    add_config_options(q, "plasticlm.experiments.memory.mqar_config:MQARConfig")
     q.set_defaults(func=_mqar)
 
     q = msub.add_parser("info", help="print a saved memory adapter's config and size",
@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _mqar(args) -> int:
     from plasticlm.errors import PlasticError
-    from plasticlm.memory.mqar import run_mqar
-    from plasticlm.memory.mqar_config import MQARConfig
+    from plasticlm.experiments.memory.mqar import run_mqar
+    from plasticlm.experiments.memory.mqar_config import MQARConfig
     from plasticlm.runs import RunDir
 
     extra = []

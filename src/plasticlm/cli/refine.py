@@ -72,12 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "fraction of the ceiling it reaches.")
     q.add_argument("which", nargs="?", default="modes", choices=("modes", "transfer", "ladder"))
     q.add_argument("--ship-oracle", action="store_true", help="ladder: then write the oracle "
-                   "taught in this run into the package (src/plasticlm/refine/shipped/oracle) "
+                   "taught in this run into the package (src/plasticlm/experiments/refine/shipped/oracle) "
                    "with its SHA-256 manifest, what later runs take instead of teaching "
                    "(maintainers; needs --set shipped_taught=false)")
-    add_config_options(q, "plasticlm.refine.experiment:ExperimentConfig",
-                       "plasticlm.refine.ladder:TransferConfig",
-                       "plasticlm.refine.rungs:LadderConfig", quick="refine/transfer-quick")
+    add_config_options(q, "plasticlm.experiments.refine.experiment:ExperimentConfig",
+                       "plasticlm.experiments.refine.ladder:TransferConfig",
+                       "plasticlm.experiments.refine.rungs:LadderConfig", quick="refine/transfer-quick")
     add_runtime_options(q)
     q.set_defaults(func=_experiment)
 
@@ -90,8 +90,8 @@ def _train_fuser(args) -> int:
     from pathlib import Path
 
     from plasticlm.config import from_dict, to_dict
+    from plasticlm.experiments.refine.experiment import ExperimentConfig, load_questions
     from plasticlm.refine.examples import make_examples
-    from plasticlm.refine.experiment import ExperimentConfig, load_questions
     from plasticlm.refine.peer import load_peer
     from plasticlm.refine.train import FuserTrainConfig, train_fuser
 
@@ -120,8 +120,8 @@ def _pretrain_fuser(args) -> int:
     from plasticlm.config import to_dict
     from plasticlm.data.corpus import load_text_corpus
     from plasticlm.errors import PlasticError
+    from plasticlm.experiments.refine.experiment import sandbox_world_of
     from plasticlm.refine.examples import general_examples
-    from plasticlm.refine.experiment import sandbox_world_of
     from plasticlm.refine.peer import load_peer
     from plasticlm.refine.registry import pair_folder
     from plasticlm.refine.train import FuserTrainConfig, loss_summary, train_fuser
@@ -156,8 +156,8 @@ def _experiment(args) -> int:
         raise PlasticError("--ship-oracle belongs to the ladder (plasticlm refine experiment "
                            "ladder)")
     if args.which == "ladder":
-        from plasticlm.refine.ladder_table import ladder_table, run_ladder
-        from plasticlm.refine.rungs import LadderConfig
+        from plasticlm.experiments.refine.ladder_table import ladder_table, run_ladder
+        from plasticlm.experiments.refine.rungs import LadderConfig
 
         args.quick_preset = "refine/ladder-quick"
         cfg = load_from_args(LadderConfig, args)
@@ -166,7 +166,10 @@ def _experiment(args) -> int:
                                "give --set shipped_taught=false and no other receiver (and "
                                "not --quick)")
         if args.ship_oracle:
-            from plasticlm.refine.shipped_taught import SHIPPED_TAUGHT, in_source_checkout
+            from plasticlm.experiments.refine.shipped_taught import (
+                SHIPPED_TAUGHT,
+                in_source_checkout,
+            )
 
             if not in_source_checkout():
                 raise PlasticError(f"--ship-oracle writes into a source checkout's package "
@@ -175,8 +178,11 @@ def _experiment(args) -> int:
         if args.ship_oracle:
             from pathlib import Path
 
+            from plasticlm.experiments.refine.shipped_taught import (
+                weights_sha256,
+                write_shipped_taught,
+            )
             from plasticlm.refine.peer import resolve_model
-            from plasticlm.refine.shipped_taught import weights_sha256, write_shipped_taught
 
             base = weights_sha256(Path(resolve_model(cfg.receiver)[1]))
             if base is None:
@@ -188,15 +194,15 @@ def _experiment(args) -> int:
         print(f"report: {write_report(cfg.out)[0]}")
         return 0
     if args.which == "transfer":
-        from plasticlm.refine.ladder import TransferConfig
+        from plasticlm.experiments.refine.ladder import TransferConfig
+        from plasticlm.experiments.refine.transfer import run_transfer
         from plasticlm.refine.report import transfer_table
-        from plasticlm.refine.transfer import run_transfer
 
         cfg = load_from_args(TransferConfig, args)
         print(transfer_table(run_transfer(cfg)))
         print(f"report: {write_report(cfg.out)[0]}")
         return 0
-    from plasticlm.refine.experiment import ExperimentConfig, run_experiment
+    from plasticlm.experiments.refine.experiment import ExperimentConfig, run_experiment
     from plasticlm.refine.report import markdown_table
 
     if args.quick:

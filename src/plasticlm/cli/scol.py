@@ -15,7 +15,7 @@ SMOKE_LINE = "smoke run: numbers mean nothing"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    add_config_options(p, "plasticlm.scol.setup:ExperimentConfig", quick="scol/quick")
+    add_config_options(p, "plasticlm.experiments.scol.setup:ExperimentConfig", quick="scol/quick")
     add_runtime_options(p, float32_only="SCoL merges LoRA deltas into the weights, and "
                         "deltas of 1e-4 relative vanish in bfloat16")
     p.add_argument("--no-progress", action="store_true")
@@ -72,16 +72,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _config(args):
     """ExperimentConfig: defaults (or the --quick preset), then --config, then --set (e.g.
     ``--set model=DIR --set squad=FILE`` for real data)."""
-    from plasticlm.scol.setup import ExperimentConfig
+    from plasticlm.experiments.scol.setup import ExperimentConfig
 
     return load_from_args(ExperimentConfig, args)
 
 
 def _train(args) -> int:
     from plasticlm.data.squad import load_squad
+    from plasticlm.experiments.scol.setup import load_model, replay_pool, resolve_world_file
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.meta import meta_train
-    from plasticlm.scol.setup import load_model, replay_pool, resolve_world_file
 
     cfg = _config(args)
     model, tok = load_model(cfg)
@@ -105,11 +105,11 @@ def _check_policy(path: str) -> None:
 def _run(args) -> int:
 
     from plasticlm.data.squad import load_squad
+    from plasticlm.experiments.scol.setup import load_model, replay_pool, resolve_world_file
     from plasticlm.models import load_causal_lm
     from plasticlm.scol.consolidate import float32_master
     from plasticlm.scol.contexts import contexts_from_passages, split_streams
     from plasticlm.scol.matrix import AccuracyMatrix
-    from plasticlm.scol.setup import load_model, replay_pool, resolve_world_file
     from plasticlm.scol.stream import consolidate_stream
 
     cfg = _config(args)
@@ -137,9 +137,9 @@ def _run(args) -> int:
 def _experiment(args) -> int:
     from pathlib import Path
 
-    from plasticlm.scol.experiment import run_squad
-    from plasticlm.scol.fisher import run_fisher
-    from plasticlm.scol.longbench import run_longbench
+    from plasticlm.experiments.scol.experiment import run_squad
+    from plasticlm.experiments.scol.fisher import run_fisher
+    from plasticlm.experiments.scol.longbench import run_longbench
 
     cfg = _config(args)
     if args.policy and args.which != "fisher":
@@ -150,7 +150,7 @@ def _experiment(args) -> int:
         _check_policy(args.policy)
     if args.which == "sweep":
         from plasticlm.config import load_config
-        from plasticlm.scol.calibrate import SweepConfig
+        from plasticlm.experiments.scol.calibrate import SweepConfig
 
         grid = load_config(SweepConfig, None, args.sweep)
     quick = "-quick" if getattr(args, "quick", False) else ""
@@ -161,22 +161,22 @@ def _experiment(args) -> int:
         report = run_squad(cfg, out, progress=progress)
         shown = (Path(out) / "report.md").read_text() + f"\nseconds: {report['seconds']}"
     elif args.which == "sweep":
-        from plasticlm.scol.calibrate import run_sweep
+        from plasticlm.experiments.scol.calibrate import run_sweep
 
         report = run_sweep(cfg, grid, out, progress=progress)
         shown = (Path(out) / "sweep.md").read_text()
     elif args.which == "gate":
-        from plasticlm.scol.calibrate import oracle_gate
+        from plasticlm.experiments.scol.calibrate import oracle_gate
 
         oracle_gate(cfg, out, max_layers=cfg.scol.max_layers, progress=progress)
         shown = (Path(out) / "gate.md").read_text()
     elif args.which == "oracle":
-        from plasticlm.scol.oracle import run_oracle
+        from plasticlm.experiments.scol.oracle import run_oracle
 
         run_oracle(cfg, out, progress=progress)
         shown = (Path(out) / "oracle.md").read_text()
     elif args.which == "policy":
-        from plasticlm.scol.policy_experiment import run_policy
+        from plasticlm.experiments.scol.policy_experiment import run_policy
 
         run_policy(cfg, out, progress=progress)
         shown = (Path(out) / "policy.md").read_text()

@@ -41,7 +41,7 @@ from plasticlm.eval.niah import (
     same_format_decoy,
 )
 from plasticlm.eval.perplexity import Perplexity, perplexity, windows
-from plasticlm.eval.prompts import QA_TEMPLATE, qa_continuation, qa_line, qa_prompt
+from plasticlm.eval.prompts import QA_TEMPLATE, context_prompt, qa_continuation, qa_line, qa_prompt
 from plasticlm.eval.scoring import ContinuationScore, next_token_logprobs, score_continuations
 from plasticlm.eval.squad import (
     SquadResult,
@@ -80,7 +80,8 @@ __all__ = [
     "CI", "ClosedSetResult", "ContinuationScore", "LETTERS", "MCConfig", "MCResult", "METHODS",
     "Perplexity", "QA_TEMPLATE", "SquadResult", "StreamingCE", "SwappedItem", "TokenLosses",
     "answer_index", "bootstrap_ci", "bucket_means", "choice_scores", "chunked_token_losses",
-    "closed_set_accuracy", "closed_set_choice", "cut_at_stop", "encode_pair", "encode_with_bos",
+    "closed_set_accuracy", "closed_set_choice", "context_prompt", "cut_at_stop", "encode_pair",
+    "encode_with_bos",
     "entity_swap_control", "evaluate_mc", "evaluate_mc_items", "exact_match", "extract_choice",
     "decodable_mask", "decodable_only", "f1_score", "format_ci", "format_paired",
     "format_summary", "generate_texts", "is_legal", "legal_answer_rate", "logits_width",

@@ -26,6 +26,12 @@ def qa_prompt(question: str) -> str:
     return QA_TEMPLATE.format(question=question)
 
 
+def context_prompt(context: str, question: str) -> str:
+    """A question asked after its evidence: ``<context>\nQ: <question> A:`` (an open-book
+    item, :class:`plasticlm.data.context_tasks.OpenBookItem`)."""
+    return f"{context}\n{qa_prompt(question)}"
+
+
 def qa_continuation(answer: str) -> str:
     """The continuation an answer is scored as after :func:`qa_prompt`: ``" " + answer``."""
     return " " + answer

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 from plasticlm.data import partition
+from plasticlm.data.context_tasks import load_openbook
 from plasticlm.data.corpus import load_haystack, load_text_corpus
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
@@ -17,7 +18,6 @@ from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.task import ClientTask, NIAHTask, OpenBookTask
 from plasticlm.models.specs import is_named_spec
-from plasticlm.sandbox.tasks import load_openbook
 
 
 def niah_tasks(source: str | Path, tokenizer, length: int = 192, train_per_client: int = 48,

@@ -36,6 +36,7 @@ from plasticlm.eval import (
     qa_prompt,
 )
 from plasticlm.eval.niah import niah_choice
+from plasticlm.eval.prompts import context_prompt
 
 
 def qa_pairs(questions: list[MCQuestion]) -> list[tuple[str, str]]:
@@ -130,14 +131,14 @@ def greedy_answer(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
 @dataclass
 class OpenBookTask(ClientTask):
     """An open-book client: ``train``/``test`` hold
-    :class:`~plasticlm.sandbox.tasks.OpenBookItem` about disjoint entities."""
+    :class:`~plasticlm.data.context_tasks.OpenBookItem` about disjoint entities."""
 
     def item_pairs(self) -> list[tuple[str, str]]:
-        return [(it.prompt, qa_continuation(it.choices[it.answer])) for it in self.train]
+        return [(context_prompt(it.context, it.question), qa_continuation(it.choices[it.answer])) for it in self.train]
 
     def correct(self, model, tokenizer, batch_size: int = 16) -> list[float]:
         """Per held-out item, 4-way choice by log-likelihood (chance 0.25)."""
-        return list(closed_set_accuracy(model, tokenizer, [it.prompt for it in self.test],
+        return list(closed_set_accuracy(model, tokenizer, [context_prompt(it.context, it.question) for it in self.test],
                                         [list(it.choices) for it in self.test],
                                         [it.answer for it in self.test], batch_size).correct)
 

@@ -4,6 +4,12 @@ and a small model family pre-trained on it.
 Sits above ``data``, ``models`` and ``eval`` (it uses all three) and below the methods.
 """
 
+from plasticlm.data.context_tasks import (
+    OpenBookItem,
+    StreamSegment,
+    load_client_streams,
+    load_openbook,
+)
 from plasticlm.sandbox.domains import WORLD_CLIENT_DOMAIN
 from plasticlm.sandbox.drills import (
     niah_drill_batch,
@@ -37,11 +43,7 @@ from plasticlm.sandbox.probes import (
 )
 from plasticlm.sandbox.specs import resolve_data_spec, resolve_model_spec, sandbox_preset_of
 from plasticlm.sandbox.tasks import (
-    OpenBookItem,
-    StreamSegment,
     client_stream,
-    load_client_streams,
-    load_openbook,
     long_items,
     openbook_items,
     write_world_tasks,

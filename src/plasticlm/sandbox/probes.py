@@ -19,6 +19,7 @@ from plasticlm.eval import (
     generate_texts,
 )
 from plasticlm.eval.niah import niah_choice, same_format_decoy  # noqa: F401 (re-exported)
+from plasticlm.eval.prompts import context_prompt
 from plasticlm.sandbox.tasks import openbook_items
 from plasticlm.sandbox.world import World
 from plasticlm.sandbox.world_index import question_meta, read_world_index
@@ -72,7 +73,7 @@ def evaluate_openbook(model, tokenizer, world: World, filler_words: tuple[int, i
     entities = sorted({it.entity for it in items})[::2]
     keep = set(entities)
     items = [it for it in items if it.entity in keep][:n]
-    result = closed_set_accuracy(model, tokenizer, [it.prompt for it in items],
+    result = closed_set_accuracy(model, tokenizer, [context_prompt(it.context, it.question) for it in items],
                                  [list(it.choices) for it in items],
                                  [it.answer for it in items], batch_size=16)
     out = {}

@@ -8,59 +8,27 @@
 - **Long items**: LongBench-v2-format documents, as many per length regime as asked, each
   hiding one unseen entity's passage among other passages and biographies.
 
-Open-book items and client streams are JSON lines; everything is deterministic by seed.
+Open-book items and client streams are JSON lines (:mod:`plasticlm.data.context_tasks`);
+everything is deterministic by seed.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from plasticlm.data.jsonl import read_jsonl
+from plasticlm.data.context_tasks import (
+    OpenBookItem,
+    StreamSegment,
+    write_client_streams,
+    write_openbook,
+)
 from plasticlm.data.records import LETTERS, LongItem
 from plasticlm.errors import PlasticError
-from plasticlm.eval.prompts import qa_prompt
 from plasticlm.sandbox.domains import person_name
 from plasticlm.sandbox.passages import filler_sentences, passage_text
 from plasticlm.sandbox.world import World
-
-
-@dataclass(frozen=True)
-class OpenBookItem:
-    """``context`` = passage + filler; ask ``qa_prompt(question)`` after it and score each
-    choice as `` <choice>``; ``answer`` is the index of the right choice."""
-
-    id: str
-    domain: str
-    entity: str
-    attribute: str
-    closed: bool
-    context: str
-    question: str
-    choices: tuple[str, ...]
-    answer: int
-    filler_words: int
-
-    @property
-    def prompt(self) -> str:
-        return f"{self.context}\n{qa_prompt(self.question)}"
-
-
-@dataclass(frozen=True)
-class StreamSegment:
-    """One piece of a client stream: a passage (``kind="text"``) or a question about an
-    entity whose passage came ``lag`` passages earlier (``kind="question"``)."""
-
-    kind: str
-    text: str
-    entity: str = ""
-    attribute: str = ""
-    answer: str = ""
-    choices: tuple[str, ...] = ()
-    lag: int = 0
 
 
 def _choices(world: World, domain: str, attribute: str, right: str,
@@ -170,42 +138,6 @@ def client_stream(world: World, domain: str, min_lag: int = 3, questions_per_pas
             segments.append(StreamSegment("question", a.question.format(e=ent.name), ent.name,
                                           a.name, value, choices, i - j))
     return segments
-
-
-def write_openbook(path: str | Path, items: Sequence[OpenBookItem]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(asdict(x)) + "\n" for x in items))
-    return path
-
-
-def load_openbook(path: str | Path) -> list[OpenBookItem]:
-    out = []
-    for n, obj in read_jsonl(path, "open-book items"):
-        try:
-            out.append(OpenBookItem(**{**obj, "choices": tuple(obj["choices"])}))
-        except (TypeError, KeyError) as e:
-            raise PlasticError(f"{path}, line {n}: not an open-book item ({e})") from None
-    return out
-
-
-def write_client_streams(path: str | Path, streams: dict[str, list[StreamSegment]]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"domain": k, "segments": [asdict(s) for s in v]}) + "\n"
-                            for k, v in streams.items()))
-    return path
-
-
-def load_client_streams(path: str | Path) -> dict[str, list[StreamSegment]]:
-    out = {}
-    for n, obj in read_jsonl(path, "client streams"):
-        try:
-            out[obj["domain"]] = [StreamSegment(**{**s, "choices": tuple(s["choices"])})
-                                  for s in obj["segments"]]
-        except (TypeError, KeyError) as e:
-            raise PlasticError(f"{path}, line {n}: not a client stream ({e})") from None
-    return out
 
 
 def write_world_tasks(world: World, out: str | Path, seed: int = 0) -> Path:

@@ -1,5 +1,5 @@
 """SCoL's own settings: the inner loop (candidates, reward, LoRA) and the outer loop (IPO).
-An experiment nests them as its ``scol`` section (:class:`plasticlm.scol.setup.ExperimentConfig`)."""
+An experiment nests them as its ``scol`` section (:class:`plasticlm.experiments.scol.setup.ExperimentConfig`)."""
 
 from __future__ import annotations
 

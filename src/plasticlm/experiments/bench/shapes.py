@@ -1,0 +1,181 @@
+"""``plasticlm bench --shape NAME``: each method's cost at a real shape beside its baseline's,
+for the same shape and batch in one run: step time and peak memory, and their ratios.
+
+- FedNL: one local training step with the memory (theta = memory LoRA, beta, gate) against
+  one LoRA-FedAvg step at the same rank and window;
+- FedRefine: c2c (transmitter prefill, fusion, receiver prefill) against text-to-text
+  (the transmitter writes background, the receiver reads it), to the first token;
+- SCoL: one context consolidated as the best of K candidates against one sequential
+  fine-tuning update of every layer.
+
+Models are random-initialised at the published shape (``shape:NAME@LAYERS``, the sandbox's
+small tokenizer; costs do not depend on the weights). Peak memory is CUDA's peak allocation
+on a GPU and, on a CPU, the process's resident set above where it stood before the step
+(sampled every 5 ms, freed memory handed back to the OS first).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import dataclasses
+import gc
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+import psutil
+import torch
+
+from plasticlm.config import load_config
+from plasticlm.data.context_tasks import load_openbook
+from plasticlm.data.squad import load_squad
+from plasticlm.experiments.scol.setup import quick_config, resolve_world_file
+from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.local import local_update
+from plasticlm.fednl.methods import prepare_model
+from plasticlm.fednl.task import OpenBookTask
+from plasticlm.fednl.theta import get_theta
+from plasticlm.models import load_causal_lm
+from plasticlm.models.specs import resolve_model
+from plasticlm.refine import FedRefine, Fuser, Link, Peer
+from plasticlm.refine.modes import RefineConfig
+from plasticlm.runtime import machine
+from plasticlm.scol.contexts import contexts_from_passages
+from plasticlm.scol.meta import consolidate_stream
+
+
+def release_freed_memory() -> None:
+    """Hand freed memory back to the OS (glibc), so that a CPU step's peak RSS rise is its
+    own: otherwise the allocator keeps an earlier step's pages and the next rise reads 0.
+    Large blocks are kept on mmap (a fixed threshold), which frees them at once."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: RSS rises are then lower bounds
+        return
+    libc.mallopt(-3, 1 << 20)   # M_MMAP_THRESHOLD: 1 MiB, no longer raised by frees
+    libc.malloc_trim(0)
+
+
+def measure(fn: Callable[[], object], device: torch.device) -> tuple[object, float, float]:
+    """(result, seconds, peak MB): CUDA's peak allocation, or the CPU process's peak RSS
+    above its level before ``fn``."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize(device)
+        return out, time.perf_counter() - t0, torch.cuda.max_memory_allocated(device) / 1e6
+    release_freed_memory()
+    proc = psutil.Process()
+    base = peak = proc.memory_info().rss
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.wait(0.005):
+            peak = max(peak, proc.memory_info().rss)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    finally:
+        seconds = time.perf_counter() - t0
+        done.set()
+        watcher.join()
+    return out, seconds, (max(peak, proc.memory_info().rss) - base) / 1e6
+
+
+def _row(comparison: str, ours: str, peer: str, a: tuple, b: tuple) -> dict:
+    return {"comparison": comparison, "ours": ours, "peer": peer,
+            "ours_s": a[1], "peer_s": b[1], "ours_mb": a[2], "peer_mb": b[2],
+            "time_ratio": a[1] / b[1], "memory_ratio": a[2] / b[2] if b[2] > 0 else None}
+
+
+def fednl_row(folder: str, batch: int, dtype: str, device: torch.device) -> dict:
+    """One local step of FedNL against one of LoRA-FedAvg, same rank, window and batch."""
+    world = resolve_world_file(quick_config(), "squad").parents[1]
+    items = load_openbook(world / "openbook" / "items.jsonl")[: 4 * batch]
+    task = OpenBookTask("bench", "bench", items, items[:2])
+    results = []
+    for name in ("fednl", "fedavg"):
+        cfg = load_config(FedNLConfig, None, [f"method.name={name}", "train.local_steps=1",
+                                              f"train.batch_size={batch}", "method.lora_rank=8",
+                                              "method.window=64"])
+        model, tok = load_causal_lm(folder, dtype=dtype, device=device)
+        torch.manual_seed(0)
+        model = prepare_model(model, cfg.method, cfg.memory)
+        start = get_theta(model)
+        local_update(model, tok, task, start, {}, cfg, seed=0)  # warm-up
+        results.append(measure(lambda m=model, c=cfg, t=tok, s=start: local_update(
+            m, t, task, s, {}, c, seed=1), device))
+        del model
+    return _row("FedNL train step vs LoRA-FedAvg step (rank 8, window 64, batch "
+                f"{batch})", "fednl", "fedavg LoRA", results[0], results[1])
+
+
+@torch.no_grad()
+def refine_row(folder: str, dtype: str, device: torch.device, prompts: int = 4) -> dict:
+    """c2c against t2t to the first answer token; the transmitter has the receiver's shape."""
+    rmodel, tok = load_causal_lm(folder, dtype=dtype, device=device)
+    tmodel = copy.deepcopy(rmodel)
+    receiver, transmitter = Peer("receiver", rmodel, tok), Peer("transmitter", tmodel, tok)
+    fuser = Fuser.for_pair(receiver.layout, transmitter.layout).to(device).eval()
+    fr = FedRefine(receiver, [Link(transmitter, fuser)], RefineConfig(t2t_max_new_tokens=12))
+    world = resolve_world_file(quick_config(), "squad").parents[1]
+    texts = [it.prompt for it in load_openbook(world / "openbook" / "items.jsonl")[:prompts]]
+    out = {}
+    for mode in ("c2c", "t2t"):
+        fr.ask(texts[0], mode, max_new_tokens=1)  # warm-up
+        out[mode] = measure(lambda m=mode: [fr.ask(t, m, max_new_tokens=1) for t in texts],
+                            device)
+    return _row(f"FedRefine c2c vs t2t, to the first token ({prompts} prompts)", "c2c", "t2t",
+                out["c2c"], out["t2t"])
+
+
+def scol_row(folder: str, device: torch.device, k: int = 2) -> dict:
+    """One context: SCoL's best of K candidates against one sequential fine-tuning update."""
+    cfg = dataclasses.replace(quick_config(), model=folder)
+    model, tok = load_causal_lm(folder, dtype="float32", device=device)
+    stream = contexts_from_passages(load_squad(resolve_world_file(cfg, "squad")))[:1]
+    out = {}
+    for selection in ("best", "all"):
+        c = dataclasses.replace(cfg.scol, k=k, reward="supervised")
+        out[selection] = measure(lambda s=selection, c=c: consolidate_stream(
+            copy.deepcopy(model), tok, stream, c, s), device)
+    return _row(f"SCoL best of {k} vs one sequential fine-tuning update (1 context)",
+                f"scol K={k}", "sequential FT", out["best"], out["all"])
+
+
+def run_shape_bench(shape: str, layers: int | None, batch: int = 4, dtype: str = "float32",
+                    device: str = "cpu", progress: Callable[[str], None] = print) -> dict:
+    """Every method's row at ``shape`` (cut to ``layers``; None = all)."""
+    dev = torch.device(device)
+    folder = resolve_model(f"shape:{shape}" + (f"@{layers}" if layers else ""))
+    report = {"shape": shape, "layers": layers or "all", "batch": batch, "dtype": dtype,
+              "device": str(dev), "machine": machine(), "rows": []}
+    for name, fn in (("fednl", lambda: fednl_row(folder, batch, dtype, dev)),
+                     ("refine", lambda: refine_row(folder, dtype, dev)),
+                     ("scol", lambda: scol_row(folder, dev))):
+        progress(f"bench --shape {shape}: {name} ...")
+        try:
+            report["rows"].append(fn())
+        except Exception as e:  # one method's failure must not hide the others' rows
+            report["rows"].append({"comparison": name, "error": f"{type(e).__name__}: {e}",
+                                   "traceback": traceback.format_exc()[-2000:]})
+    report["lines"] = [shape_line(r) for r in report["rows"]]
+    return report
+
+
+def shape_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['comparison']}: failed: {r['error']}"
+    mem = f"{r['memory_ratio']:.2f}x" if r["memory_ratio"] is not None else "n/a"
+    return (f"{r['comparison']}: {r['ours']} {r['ours_s']:.2f} s, {r['ours_mb']:.0f} MB vs "
+            f"{r['peer']} {r['peer_s']:.2f} s, {r['peer_mb']:.0f} MB: time {r['time_ratio']:.2f}x,"
+            f" peak memory {mem}")

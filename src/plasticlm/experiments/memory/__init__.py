@@ -1,0 +1,1 @@
+"""Memory experiments: multi-query associative recall (``plasticlm memory mqar``)."""
