@@ -16,7 +16,7 @@ from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.serving import ServiceConfig
 from plasticlm.refine.train import FuserTrainConfig
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 CONFIGS = [FuserConfig, FuserTrainConfig, RefineConfig, ExperimentConfig, TransferConfig,
            ServiceConfig]
 SIZES = dict(receiver_layers=2, receiver_kv_heads=1, receiver_head_dim=8,

@@ -15,7 +15,7 @@ from plasticlm.experiments.scol.setup import ExperimentConfig
 from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import LoraTrainConfig
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 CONFIGS = (ExperimentConfig, SCoLConfig, LoraTrainConfig, SweepConfig)
 
 

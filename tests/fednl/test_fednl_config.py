@@ -29,7 +29,7 @@ from plasticlm.fednl.processes import APP_DIR
 from plasticlm.fednl.sections import AGGREGATORS, METHODS
 from plasticlm.fednl.strategy import ThetaAverage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # a run config with something other than the default in every section
 CHANGES = {"name": "cfg-test", "seed": 7, "model": "sandbox-quick:receiver",

@@ -103,7 +103,7 @@ def _three_rounds(method, tok, task, changes: dict | None = None):
 
 
 # fednl-personal trains locally exactly as fednl does (it differs in what it sends and keeps:
-# tests/test_fednl_personal.py), so it is not trained here a second time
+# tests/fednl/test_fednl_personal.py), so it is not trained here a second time
 @pytest.mark.parametrize("method", [m for m in METHODS.names() if m != "fednl-personal"])
 def test_local_update_learns_the_clients_answers(method, tok, task):
     """The base knows the four candidates of each question but not the client's answer:
