@@ -11,11 +11,11 @@ from safetensors.torch import load_file
 
 from plasticlm.config import from_dict
 from plasticlm.fednl import local, setup
-from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
-from plasticlm.fednl.inprocess import InProcessGrid
-from plasticlm.fednl.messages import unpack_theta
-from plasticlm.fednl.server_app import server_main
+from plasticlm.fednl.flower.client_app import client_app
+from plasticlm.fednl.flower.inprocess import InProcessGrid
+from plasticlm.fednl.flower.messages import unpack_theta
+from plasticlm.fednl.flower.server_app import server_main
 
 
 class RecordingGrid(InProcessGrid):

@@ -15,7 +15,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from plasticlm.config import load_config, override, preset_path, to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.fednl.variants import ExperimentConfig, federated_config, variants
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import (
     RUN_DIR_KEY,
     FedNLConfig,
@@ -24,10 +23,11 @@ from plasticlm.fednl.config import (
     from_flower_run_config,
     run_of,
 )
-from plasticlm.fednl.messages import pack_theta
-from plasticlm.fednl.processes import APP_DIR
+from plasticlm.fednl.deploy.processes import APP_DIR
+from plasticlm.fednl.flower.checkpoint import Checkpointer
+from plasticlm.fednl.flower.messages import pack_theta
+from plasticlm.fednl.flower.strategy import ThetaAverage
 from plasticlm.fednl.sections import AGGREGATORS, METHODS
-from plasticlm.fednl.strategy import ThetaAverage
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,10 +18,10 @@ from flwr.app import (
 
 from plasticlm.config import from_dict, override
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.checkpoint import Checkpointer
-from plasticlm.fednl.client_app import client_app
 from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
-from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
+from plasticlm.fednl.flower.checkpoint import Checkpointer
+from plasticlm.fednl.flower.client_app import client_app
+from plasticlm.fednl.flower.strategy import RoundFailed, ThetaAverage
 
 THETA = {"w": torch.ones(2, 3), "b": torch.zeros(3)}
 

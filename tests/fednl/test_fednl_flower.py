@@ -48,7 +48,7 @@ def test_two_rounds_of_fednl_on_the_simulation_runtime(reference_run):
     assert "No additional application dependencies needed installation" in flower_log
     # the progress line logged per round carries the round's metrics
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.strategy import progress_line
+    from plasticlm.fednl.flower.strategy import progress_line
 
     cfg = FedNLConfig.from_json((reference_run / "config.json").read_text())
     line = progress_line(records[0], cfg)
@@ -114,8 +114,8 @@ def test_one_round_through_superlink_and_two_supernodes_over_tls_with_node_auth(
 
     from plasticlm.config import from_dict
     from plasticlm.fednl.config import FedNLConfig, app_config
-    from plasticlm.fednl.deploy import LocalFederation, make_node_key
-    from plasticlm.fednl.processes import free_ports
+    from plasticlm.fednl.deploy.deployment import LocalFederation, make_node_key
+    from plasticlm.fednl.deploy.processes import free_ports
     from plasticlm.sandbox import sandbox_model, sandbox_world
 
     sandbox_world("quick"), sandbox_model("receiver", preset="quick")  # built before the nodes

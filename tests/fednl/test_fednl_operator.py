@@ -1,6 +1,6 @@
 """Only the operator commands a FedNL deployment: the operator gate in front of Flower's
-SuperLink (plasticlm.fednl.superlink) on its own, the socket owner lookup it trusts on
-loopback (plasticlm.fednl.peer_uid), then a LocalFederation bound to a non-loopback address
+SuperLink (plasticlm.fednl.deploy.superlink) on its own, the socket owner lookup it trusts on
+loopback (plasticlm.fednl.deploy.peer_uid), then a LocalFederation bound to a non-loopback address
 of this machine, probed by a stranger holding the CA certificate."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from flwr.proto.control_pb2 import (  # pylint: disable=E0611
 )
 
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.processes import APP_DIR, flower_bin
-from plasticlm.fednl.superlink import (
+from plasticlm.fednl.deploy.processes import APP_DIR, flower_bin
+from plasticlm.fednl.deploy.superlink import (
     OPERATOR_HEADER,
     OperatorGate,
     make_operator_secret,
@@ -217,7 +217,7 @@ def _public_address() -> str | None:
 def federation(tmp_path_factory):
     """A TLS federation with node authentication and no nodes, bound to a non-loopback
     address of this machine."""
-    from plasticlm.fednl.deploy import LocalFederation
+    from plasticlm.fednl.deploy.deployment import LocalFederation
 
     host = _public_address()
     if host is None:
@@ -238,7 +238,7 @@ def _stranger(fed, path: str, body: bytes) -> httpx.Response:
 
 def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_run_nor_list(
         federation, tmp_path):
-    from plasticlm.fednl.deploy import make_node_key
+    from plasticlm.fednl.deploy.deployment import make_node_key
 
     fed = federation
     _, public = make_node_key(tmp_path / "stranger")
@@ -275,7 +275,7 @@ def _flwr(fed, *args: str) -> subprocess.CompletedProcess:
 
 def test_the_operator_registers_submits_and_lists_from_loopback_and_with_the_secret(
         federation, tmp_path):
-    from plasticlm.fednl.deploy import make_node_key
+    from plasticlm.fednl.deploy.deployment import make_node_key
 
     fed = federation
     _, public = make_node_key(tmp_path / "operator_node")
@@ -296,7 +296,7 @@ def test_the_operator_registers_submits_and_lists_from_loopback_and_with_the_sec
 
 def test_peer_uid_names_the_owner_of_a_loopback_connections_client_socket():
     """The client end of a live loopback connection is found with its uid: this process's."""
-    from plasticlm.fednl.peer_uid import AVAILABLE, peer_uid
+    from plasticlm.fednl.deploy.peer_uid import AVAILABLE, peer_uid
 
     if not AVAILABLE:
         pytest.skip("this system lists no socket owners (/proc/net/tcp)")
@@ -313,7 +313,7 @@ def test_peer_uid_names_the_owner_of_a_loopback_connections_client_socket():
 
 @pytest.mark.slow   # a second process (under a second uid): `make test-slow`
 def test_peer_uid_names_a_second_users_socket_as_that_users():
-    from plasticlm.fednl.peer_uid import AVAILABLE, peer_uid
+    from plasticlm.fednl.deploy.peer_uid import AVAILABLE, peer_uid
 
     if not AVAILABLE or os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs /proc/net/tcp, root and setpriv to act as a second uid")
@@ -335,7 +335,7 @@ def test_peer_uid_names_a_second_users_socket_as_that_users():
 
 
 def test_peer_uid_reads_the_kernels_ipv4_ipv6_and_mapped_addresses(tmp_path):
-    from plasticlm.fednl.peer_uid import peer_uid
+    from plasticlm.fednl.deploy.peer_uid import peer_uid
 
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
     v4 = tmp_path / "tcp"
@@ -369,7 +369,7 @@ def test_submit_sends_the_secret_from_a_private_copy_of_flwr_home_as_flwrs_own_t
     from flwr.common.constant import ACCESS_TOKEN_KEY
     from flwr.supercore.credential_store.file_credential_store import FileCredentialStore
 
-    from plasticlm.fednl.submit import operator_env
+    from plasticlm.fednl.deploy.submit import operator_env
 
     home = tmp_path / "flwr"
     home.mkdir()
@@ -398,7 +398,7 @@ def test_submit_sends_the_secret_from_a_private_copy_of_flwr_home_as_flwrs_own_t
 def test_submit_never_sends_the_secret_in_the_clear_to_another_host(tmp_path, monkeypatch):
     """An insecure connection to an address that is not loopback is refused before flwr runs
     (flwr would send the stored secret as a Bearer token over plain HTTP); loopback is fine."""
-    from plasticlm.fednl.submit import operator_env
+    from plasticlm.fednl.deploy.submit import operator_env
 
     home = tmp_path / "flwr"
     home.mkdir()

@@ -11,8 +11,8 @@ from inprocess_run import committed, distance, federate, mean
 from test_fednl_weighted_mean import CONFIG, COUNTS
 
 from plasticlm.config import from_dict
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.sections import SERVER_OPTIMIZERS, AggregationConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")

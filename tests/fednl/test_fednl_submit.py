@@ -6,7 +6,7 @@ import pytest
 
 from plasticlm.cli import main
 from plasticlm.env import THREADS_ENV
-from plasticlm.fednl.simulation import CONNECTION, SimulationLink
+from plasticlm.fednl.deploy.simulation import CONNECTION, SimulationLink
 
 # A Flower app whose ServerApp returns at once: a run that completes, in seconds.
 NOOP_PYPROJECT = """\

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.flower.checkpoint import Checkpointer
 
 INITIAL = {"w": torch.zeros(3)}
 

@@ -39,8 +39,8 @@ from plasticlm.experiments.refine.experiment import ExperimentConfig as RefineEx
 from plasticlm.experiments.refine.ladder import TransferConfig
 from plasticlm.experiments.scol.calibrate import SweepConfig
 from plasticlm.experiments.scol.setup import ExperimentConfig as SCoLExperimentConfig
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.memory import attach_memory, from_pretrained, memory_config, save_pretrained
 from plasticlm.models import build_tiny
 from plasticlm.models.llama2c import llama2c_tokenizer, load_llama2c_model

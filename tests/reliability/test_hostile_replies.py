@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plasticlm.config import override
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
+from plasticlm.fednl.flower.checkpoint import Checkpointer
+from plasticlm.fednl.flower.strategy import RoundFailed, ThetaAverage
 
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plasticlm.fednl.processes import flower_env, free_ports, wait_port
+from plasticlm.fednl.deploy.processes import flower_env, free_ports, wait_port
 from plasticlm.listener import DEFAULT_LIMITS, BoundedH11Protocol, ListenerLimits
 
 TOKEN = "listener-test-token-0123456789"
@@ -230,7 +230,7 @@ def test_idle_and_slow_header_connections_closed(registry):
 def test_gated_superlink_refuses_huge_header_fast(tmp_path):
     """The same bound on plasticlm's SuperLink (Flower's app behind the operator gate)."""
     (port,) = free_ports(1)
-    proc = _start([sys.executable, "-m", "plasticlm.fednl.superlink", "--insecure", "--host",
+    proc = _start([sys.executable, "-m", "plasticlm.fednl.deploy.superlink", "--insecure", "--host",
                    "127.0.0.1", "--port", str(port)],
                   port, tmp_path / "superlink.log", flower_env(tmp_path / "flwr_home"))
     try:

@@ -19,10 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from plasticlm.fednl.deploy import LocalFederation, make_node_key
-from plasticlm.fednl.processes import APP_DIR, flower_bin
-from plasticlm.fednl.simulation import SimulationLink
-from plasticlm.fednl.submit import operator_env
+from plasticlm.fednl.deploy.deployment import LocalFederation, make_node_key
+from plasticlm.fednl.deploy.processes import APP_DIR, flower_bin
+from plasticlm.fednl.deploy.simulation import SimulationLink
+from plasticlm.fednl.deploy.submit import operator_env
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 REFUSED = "only the operator"

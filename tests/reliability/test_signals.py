@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.stopping import RunStopped, StoppableGrid, StopRequest
+from plasticlm.fednl.flower.checkpoint import Checkpointer
+from plasticlm.fednl.flower.stopping import RunStopped, StoppableGrid, StopRequest
 
 ROUNDS = 6
 # two clients and few test questions: the first round (Ray start-up) is the run's cost

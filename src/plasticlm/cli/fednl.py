@@ -157,8 +157,8 @@ def _submit(args) -> int:
     import sys
 
     from plasticlm.errors import Stopped
-    from plasticlm.fednl.processes import APP_DIR
-    from plasticlm.fednl.submit import submit
+    from plasticlm.fednl.deploy.processes import APP_DIR
+    from plasticlm.fednl.deploy.submit import submit
 
     try:
         outcome = submit(args.superlink, args.app or APP_DIR, args.run_config,

@@ -41,8 +41,8 @@ _EXPORTS = {
     "weighted_mean": "plasticlm.fednl.aggregate",
     "reply_problem": "plasticlm.fednl.aggregate",
     "robust_aggregate": "plasticlm.fednl.aggregators",
-    "client_app": "plasticlm.fednl.client_app",
-    "server_app": "plasticlm.fednl.server_app",
+    "client_app": "plasticlm.fednl.flower.client_app",
+    "server_app": "plasticlm.fednl.flower.server_app",
     "run_federated": "plasticlm.fednl.run",
 }
 __all__ = sorted(_EXPORTS)

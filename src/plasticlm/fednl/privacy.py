@@ -12,7 +12,7 @@ settings when the config is loaded.
 - ``secagg``: the clients' theta reach the server only as their weighted sum (Flower's
   ``SecAggPlusWorkflow`` and ``secaggplus_mod``; Bell et al. 2020, eprint 2020/704).
 
-Wired in :mod:`plasticlm.fednl.privacy_server` and :mod:`plasticlm.fednl.privacy_client`.
+Wired in :mod:`plasticlm.fednl.flower.privacy_server` and :mod:`plasticlm.fednl.flower.privacy_client`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from typing import Any, Literal
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.fednl.central import finished_run, train_central
-from plasticlm.fednl.checkpoint import client_state_root, load_client_state
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.flower.checkpoint import client_state_root, load_client_state
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.sections import (
     METHODS,

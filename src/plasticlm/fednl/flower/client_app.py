@@ -15,11 +15,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from plasticlm.config import override
-from plasticlm.fednl.checkpoint import client_state_root, load_client_state, save_client_state
 from plasticlm.fednl.config import run_of
+from plasticlm.fednl.flower.checkpoint import (
+    client_state_root,
+    load_client_state,
+    save_client_state,
+)
+from plasticlm.fednl.flower.messages import pack_theta, unpack_theta
+from plasticlm.fednl.flower.privacy_client import privacy_mod
 from plasticlm.fednl.local import local_update
-from plasticlm.fednl.messages import pack_theta, unpack_theta
-from plasticlm.fednl.privacy_client import privacy_mod
 from plasticlm.fednl.sections import METHODS
 from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta

@@ -1,6 +1,6 @@
 """The FedNL ServerApp (Flower Message API), the entry point of ``flwr run`` for the
 simulation and a deployment alike: waits for the nodes, then runs the remaining rounds of the
-run's strategy (:mod:`plasticlm.fednl.strategy`) from its last checkpoint."""
+run's strategy (:mod:`plasticlm.fednl.flower.strategy`) from its last checkpoint."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ from flwr.serverapp import Grid, ServerApp
 
 from plasticlm.config import save_config
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.checkpoint import Checkpointer
 from plasticlm.fednl.config import FedNLConfig, run_of
-from plasticlm.fednl.privacy_server import run_rounds
+from plasticlm.fednl.flower.checkpoint import Checkpointer
+from plasticlm.fednl.flower.privacy_server import run_rounds
+from plasticlm.fednl.flower.stopping import (
+    DONE_FILE,
+    ERROR_FILE,
+    RunStopped,
+    StoppableGrid,
+    StopRequest,
+)
+from plasticlm.fednl.flower.strategy import RoundFailed, ThetaAverage
 from plasticlm.fednl.setup import initial_theta, tasks_for
-from plasticlm.fednl.stopping import DONE_FILE, ERROR_FILE, RunStopped, StoppableGrid, StopRequest
-from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 from plasticlm.runs import write_text_atomic
 
 log = logging.getLogger("plasticlm.fednl")

@@ -2,7 +2,7 @@
 processes, optionally over TLS, driven by ``flwr run``.
 
 This is what runs across machines, started on one: the same commands with other addresses
-(see docs/fednl.md). The SuperLink is plasticlm's (:mod:`plasticlm.fednl.superlink`):
+(see docs/fednl.md). The SuperLink is plasticlm's (:mod:`plasticlm.fednl.deploy.superlink`):
 Flower's app behind the operator gate, so only this user (its uid on loopback) or the holder
 of the operator secret reaches the Control and runtime routes. Flower's runtime dependency installation is on, as Flower
 ships it: the app declares no dependencies (they are this environment's), so nothing is
@@ -22,7 +22,7 @@ import tomli_w
 
 from plasticlm.env import THREADS_ENV
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.processes import (
+from plasticlm.fednl.deploy.processes import (
     APP_DIR,
     end_tree,
     flower_bin,
@@ -31,7 +31,7 @@ from plasticlm.fednl.processes import (
     spawn,
     wait_port,
 )
-from plasticlm.fednl.superlink import make_operator_secret, operator_client
+from plasticlm.fednl.deploy.superlink import make_operator_secret, operator_client
 from plasticlm.tls import make_certificates
 
 
@@ -65,7 +65,7 @@ class LocalFederation:
     ``register``, ``registered_nodes``) works as the operator because it runs as the
     SuperLink's own user on loopback; ``operator_secret`` (0600) lets the operator in as
     another user or from elsewhere (:func:`operator_client`, or ``flwr`` itself after
-    :func:`~plasticlm.fednl.superlink.store_operator_secret`).
+    :func:`~plasticlm.fednl.deploy.superlink.store_operator_secret`).
 
     ``auth=True`` (needs ``tls``) turns on SuperNode authentication: each node gets a key pair,
     its public key is registered with ``flwr supernode register`` before it starts, and the
@@ -114,7 +114,7 @@ class LocalFederation:
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
             f'address = "{self.address("127.0.0.1")}"\n{conn}\n')
         self.node_sec = node_sec
-        self._spawn([sys.executable, "-m", "plasticlm.fednl.superlink", "--operator-secret-file",
+        self._spawn([sys.executable, "-m", "plasticlm.fednl.deploy.superlink", "--operator-secret-file",
                      str(self.operator_secret), *link_sec, "--host", self.host, "--port",
                      str(link),
                      *(["--enable-supernode-auth"] if self.auth else [])], "superlink.log")

@@ -6,7 +6,7 @@ run and ended when the process exits. Its processes (the SuperLink, each run's s
 with Ray and the clients) are this process's children: they end with it.
 
 Nothing it starts is open to another user or machine. The SuperLink is plasticlm's
-(:mod:`plasticlm.fednl.superlink`): its Control and runtime routes answer only this user
+(:mod:`plasticlm.fednl.deploy.superlink`): its Control and runtime routes answer only this user
 (its uid on loopback) or the holder of the operator secret in its private FLWR_HOME. Ray
 (started by Flower's ``flwr-simulation``, which takes no address for it) is set up through
 its environment (:func:`ray_env`): every Ray process binds 127.0.0.1, asks for a token made
@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import tomli_w
 
-from plasticlm.fednl.processes import (
+from plasticlm.fednl.deploy.processes import (
     APP_DIR,
     descendants,
     end_tree,
@@ -40,7 +40,7 @@ from plasticlm.fednl.processes import (
     spawn,
     wait_port,
 )
-from plasticlm.fednl.superlink import make_operator_secret, store_operator_secret
+from plasticlm.fednl.deploy.superlink import make_operator_secret, store_operator_secret
 
 log = logging.getLogger("plasticlm.fednl")
 CONNECTION = "simulation"
@@ -101,7 +101,7 @@ class SimulationLink:
         # plasticlm's own flwr calls carry the secret too (where no socket owner is known)
         store_operator_secret(self.home, f"127.0.0.1:{port}", self.secret)
         logfile = self.home / "superlink.log"
-        self.procs.append(spawn([sys.executable, "-m", "plasticlm.fednl.superlink",
+        self.procs.append(spawn([sys.executable, "-m", "plasticlm.fednl.deploy.superlink",
                                  "--operator-secret-file", str(self.secret), "--insecure",
                                  "--simulation", "--isolation", "subprocess", "--host",
                                  "127.0.0.1", "--port", str(port)],

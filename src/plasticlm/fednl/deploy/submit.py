@@ -32,8 +32,8 @@ from pathlib import Path
 from flwr.supercore.utils import get_flwr_home
 
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.processes import APP_DIR, flower_bin
-from plasticlm.fednl.superlink import store_operator_secret
+from plasticlm.fednl.deploy.processes import APP_DIR, flower_bin
+from plasticlm.fednl.deploy.superlink import store_operator_secret
 
 log = logging.getLogger("plasticlm.fednl")
 COMPLETED = "finished:completed"

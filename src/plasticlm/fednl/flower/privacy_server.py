@@ -35,9 +35,9 @@ from flwr.serverapp.strategy import (
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.messages import arrays_problem, pack_theta, unpack_theta
+from plasticlm.fednl.flower.messages import arrays_problem, pack_theta, unpack_theta
+from plasticlm.fednl.flower.strategy import RoundFailed, ThetaAverage
 from plasticlm.fednl.privacy import NAMES_KEY, privacy_problem
-from plasticlm.fednl.strategy import RoundFailed, ThetaAverage
 
 log = logging.getLogger("plasticlm.fednl")
 

@@ -7,10 +7,10 @@ routes (``/v1/runtime/...``, the ServerApp) share one HTTP port, and open-source
 authentication is a no-op. :class:`OperatorGate`, the outermost ASGI layer, lets through the
 Fleet routes and ``/health`` from anyone and every other route only to the operator: a
 loopback peer whose socket belongs to the SuperLink's own uid (Linux,
-:mod:`plasticlm.fednl.peer_uid`), or a request carrying the operator secret (over TLS, or
+:mod:`plasticlm.fednl.deploy.peer_uid`), or a request carrying the operator secret (over TLS, or
 from loopback); anything else is a 403 before a byte of the body is read. Loopback alone
 proves nothing: every local user is on it. Run it as
-``python -m plasticlm.fednl.superlink [--operator-secret-file F] <flower-superlink flags>``.
+``python -m plasticlm.fednl.deploy.superlink [--operator-secret-file F] <flower-superlink flags>``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from flwr.superlink.cli.flower_superlink import SuperLinkLifespan, _parse_superl
 from flwr.superlink.main import create_app
 
 from plasticlm.errors import PlasticError
-from plasticlm.fednl import peer_uid as peers
+from plasticlm.fednl.deploy import peer_uid as peers
 from plasticlm.listener import DEFAULT_LIMITS
 
 log = logging.getLogger("plasticlm.fednl")
@@ -271,7 +271,7 @@ def serve(flower_args: list[str], secret: bytes | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m plasticlm.fednl.superlink``: plasticlm's flags, then Flower's."""
+    """``python -m plasticlm.fednl.deploy.superlink``: plasticlm's flags, then Flower's."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--operator-secret-file", type=Path, default=None)
     ours, flower_args = parser.parse_known_args(argv)
