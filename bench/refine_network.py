@@ -38,9 +38,9 @@ import httpx
 
 from plasticlm.eval import bootstrap_ci, qa_prompt
 from plasticlm.experiments.refine.experiment import ExperimentConfig, load_questions
-from plasticlm.refine.codec import read_metadata
-from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.report import LINK_MB_PER_S, link_latency_ms
+from plasticlm.refine.wire.codec import read_metadata
+from plasticlm.refine.wire.quant import QUANTS
 from plasticlm.runs import write_text_atomic
 
 TRANSMITTERS = ("transmitter-llama", "transmitter-qwen2")
@@ -75,7 +75,7 @@ def _untrained_fusers(preset: str, transmitters: tuple[str, ...], registry: Path
     the registry serves it (a smoke check's stand-in for ``refine pretrain-fuser``)."""
     from plasticlm.refine import Fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.registry import pair_folder
+    from plasticlm.refine.wire.registry import pair_folder
 
     receiver = load_peer(f"{preset}:receiver")
     for t in transmitters:

@@ -37,8 +37,8 @@ def main() -> None:
     from plasticlm.data.mmlu import load_mmlu
     from plasticlm.refine import FedRefine, Link
     from plasticlm.refine.examples import make_examples
+    from plasticlm.refine.fusers.train import FuserTrainConfig, train_fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.train import FuserTrainConfig, train_fuser
     from plasticlm.sandbox import sandbox_world
     from plasticlm.sandbox.passages import mc_prompt
     from plasticlm.sandbox.world_index import question_meta, read_world_index

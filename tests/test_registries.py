@@ -84,7 +84,8 @@ def test_refine_every_mode_scores_the_choices_and_answers(refine_peers):
 
 @pytest.mark.usefixtures("one_thread")
 def test_refine_every_fuser_kind_maps_a_cache_to_the_receivers_shape(refine_peers, tmp_path):
-    from plasticlm.refine import FUSER_KINDS, Fuser, extract_cache, fuser_layers
+    from plasticlm.refine import FUSER_KINDS, Fuser, extract_cache
+    from plasticlm.refine.fusers import fuser_layers
 
     written = {c for c in vars(fuser_layers).values()
                if isinstance(c, type) and issubclass(c, nn.Module) and hasattr(c, "from_config")}
@@ -133,8 +134,8 @@ def test_refine_every_quantisation_round_trips_within_its_tolerance():
     """Error per element at most half a step of the stored type: relative (eps/2) for floats,
     plus half a scale step for scaled kinds (keys scaled per channel, values per token; the
     bf16 scale rounded up by < 2^-6), plus half the smallest subnormal step."""
-    from plasticlm.refine.codec import decode_bundle, encode_bundle
-    from plasticlm.refine.quant import QUANTS, Quant
+    from plasticlm.refine.wire.codec import decode_bundle, encode_bundle
+    from plasticlm.refine.wire.quant import QUANTS, Quant
 
     concrete = {c for c in _subclasses(Quant) if "stored" in vars(c)}
     assert concrete == {q for _, q in QUANTS.items()}, "a quantisation is unregistered"
@@ -160,8 +161,8 @@ def test_refine_every_quantisation_round_trips_within_its_tolerance():
 def test_refine_registry_typos_are_refused_with_the_choices(capsys):
     from plasticlm.cli import main
     from plasticlm.refine import FUSER_KINDS, MODES, QUANTS
-    from plasticlm.refine.serving import ServiceConfig
-    from plasticlm.refine.train import FuserTrainConfig
+    from plasticlm.refine.fusers.train import FuserTrainConfig
+    from plasticlm.refine.wire.serving import ServiceConfig
 
     with pytest.raises(PlasticError, match=f"config kind: unknown fuser kind 'c2d'; choose one "
                        f"of {', '.join(FUSER_KINDS)}"):

@@ -13,16 +13,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import plasticlm.refine.fuser as fuser_module
+import plasticlm.refine.fusers.fuser as fuser_module
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.refine.rungs import LABELS, handover_fuser, zero_fuser
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.refine import Example, FedRefine, FuserTrainConfig, KVCache, KVLayout, Link, Peer
 from plasticlm.refine.cache import stack_caches
+from plasticlm.refine.fusers.objectives import cache_gap
+from plasticlm.refine.fusers.prepared import fused_batch_state, prepare_examples
+from plasticlm.refine.fusers.train import train_fusers
 from plasticlm.refine.modes import alone_state
-from plasticlm.refine.objectives import cache_gap
-from plasticlm.refine.prepared import fused_batch_state, prepare_examples
-from plasticlm.refine.train import train_fusers
 from plasticlm.sandbox import teach_facts
 
 ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]

@@ -21,8 +21,8 @@ from plasticlm.refine import (
     measure_leakage,
     rule_rephrase,
 )
-from plasticlm.refine.align import derotate, rotate
 from plasticlm.refine.cache import continue_from_cache
+from plasticlm.refine.fusers.align import derotate, rotate
 
 TEXTS = ["Q: Which organ does Kalomira act on? A: liver.",
          "Q: Which company makes Zutorex? A: Orvane Labs.",

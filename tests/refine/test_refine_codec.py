@@ -11,7 +11,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from plasticlm.refine.cache import KVCache, KVLayout
-from plasticlm.refine.codec import (
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.peer import Transmission, text_digest
+from plasticlm.refine.wire.codec import (
     PayloadError,
     decode_bundle,
     decode_fuser,
@@ -19,8 +21,6 @@ from plasticlm.refine.codec import (
     encode_fuser,
     read_metadata,
 )
-from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.peer import Transmission, text_digest
 
 
 def _transmission(layers=3, heads=2, tokens=5, dim=8, seed=0, scale=1.0) -> Transmission:

@@ -11,10 +11,10 @@ from plasticlm.config import describe, field_docs, from_dict, load_config, prese
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.refine.experiment import ExperimentConfig
 from plasticlm.experiments.refine.ladder import ROWS, TransferConfig
-from plasticlm.refine.fuser_config import CONFIG_NAME, FuserConfig, read_fuser_config
+from plasticlm.refine.fusers.fuser_config import CONFIG_NAME, FuserConfig, read_fuser_config
+from plasticlm.refine.fusers.train import FuserTrainConfig
 from plasticlm.refine.modes import RefineConfig
-from plasticlm.refine.serving import ServiceConfig
-from plasticlm.refine.train import FuserTrainConfig
+from plasticlm.refine.wire.serving import ServiceConfig
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 CONFIGS = [FuserConfig, FuserTrainConfig, RefineConfig, ExperimentConfig, TransferConfig,

@@ -21,7 +21,7 @@ from plasticlm.refine import (
     train_fusers,
 )
 from plasticlm.refine.examples import general_examples
-from plasticlm.refine.train import evaluate_answer_loss
+from plasticlm.refine.fusers.train import evaluate_answer_loss
 from plasticlm.sandbox import teach_facts
 
 ORGANS = ["liver", "heart", "lung", "kidney", "brain", "skin"]
@@ -289,7 +289,7 @@ def test_batched_answer_loss_equals_the_mean_of_single_losses(pair):
     """Fused caches of different lengths, stacked with left padding, give each example the
     loss it has alone (aligned and prefix fusion)."""
     from plasticlm.eval import pad_id_of
-    from plasticlm.refine.prepared import (
+    from plasticlm.refine.fusers.prepared import (
         answer_loss,
         batch_answer_loss,
         fused_batch_state,

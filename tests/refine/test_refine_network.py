@@ -18,12 +18,12 @@ from safetensors.torch import save as st_save
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine import Fuser
-from plasticlm.refine.codec import encode_bundle, read_metadata
 from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.link import Link
 from plasticlm.refine.peer import load_peer
-from plasticlm.refine.registry import pair_folder
-from plasticlm.refine.remote import FuserSource
+from plasticlm.refine.wire.codec import encode_bundle, read_metadata
+from plasticlm.refine.wire.registry import pair_folder
+from plasticlm.refine.wire.remote import FuserSource
 from plasticlm.tls import make_certificates
 
 pytestmark = pytest.mark.usefixtures("one_thread")

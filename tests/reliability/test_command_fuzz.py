@@ -137,7 +137,7 @@ def no_service():
     """An accepted `refine serve` / `registry` case fails at once instead of serving forever
     (the alarm cannot always interrupt a running event loop)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("plasticlm.refine.serving.serve", _never_serve)
+        mp.setattr("plasticlm.refine.wire.serving.serve", _never_serve)
         yield
 
 

@@ -45,7 +45,7 @@ from plasticlm.memory import attach_memory, from_pretrained, memory_config, save
 from plasticlm.models import build_tiny
 from plasticlm.models.llama2c import llama2c_tokenizer, load_llama2c_model
 from plasticlm.refine import Fuser, FuserConfig
-from plasticlm.refine.train import FuserTrainConfig
+from plasticlm.refine.fusers.train import FuserTrainConfig
 from plasticlm.sandbox.text import TextPretrainConfig
 from plasticlm.sandbox.world import WorldConfig
 from plasticlm.scol.policy import format_action, parse_layers

@@ -38,8 +38,8 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
 """
 REGISTRY = """
 import sys
-from plasticlm.refine.serving import ServiceConfig, serve
-from plasticlm.refine.service import registry_app
+from plasticlm.refine.wire.serving import ServiceConfig, serve
+from plasticlm.refine.wire.service import registry_app
 serve(registry_app(sys.argv[1], ServiceConfig(token=sys.argv[3])), "127.0.0.1", int(sys.argv[2]))
 """
 

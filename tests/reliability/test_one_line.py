@@ -18,8 +18,8 @@ from plasticlm.cli import main
 from plasticlm.config_files import read_config_file
 from plasticlm.errors import PlasticError
 from plasticlm.home import cache_home
-from plasticlm.refine.codec import PayloadError, read_metadata
-from plasticlm.refine.serving import check_token
+from plasticlm.refine.wire.codec import PayloadError, read_metadata
+from plasticlm.refine.wire.serving import check_token
 from plasticlm.sandbox import preset_dir
 from plasticlm.scol.checkpoint import check_resumable
 

@@ -20,11 +20,11 @@ from plasticlm.cli import main
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.models import build_tiny, train_bpe_tokenizer
-from plasticlm.refine.codec import encode_bundle
 from plasticlm.refine.peer import Peer
-from plasticlm.refine.remote import FuserSource, PeerUnavailable, RemotePeer, http_client
-from plasticlm.refine.service import peer_app, registry_app
-from plasticlm.refine.serving import ServiceConfig
+from plasticlm.refine.wire.codec import encode_bundle
+from plasticlm.refine.wire.remote import FuserSource, PeerUnavailable, RemotePeer, http_client
+from plasticlm.refine.wire.service import peer_app, registry_app
+from plasticlm.refine.wire.serving import ServiceConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -360,7 +360,7 @@ def _never_serve(*args, **kw):
 
 @pytest.mark.parametrize("token", ["", "short-token"])
 def test_an_empty_or_short_token_is_refused_at_start_up(token, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("plasticlm.refine.serving.serve", _never_serve)
+    monkeypatch.setattr("plasticlm.refine.wire.serving.serve", _never_serve)
     monkeypatch.setenv("PLASTICLM_TOKEN", token)
     for argv in (["refine", "registry", "--folder", str(tmp_path)],
                  ["refine", "serve", "--model", "sandbox:receiver"]):
@@ -373,7 +373,7 @@ def test_an_empty_or_short_token_is_refused_at_start_up(token, monkeypatch, caps
 
 def test_no_token_beyond_loopback_and_no_token_on_the_command_line(monkeypatch, capsys,
                                                                    tmp_path):
-    monkeypatch.setattr("plasticlm.refine.serving.serve", _never_serve)
+    monkeypatch.setattr("plasticlm.refine.wire.serving.serve", _never_serve)
     monkeypatch.delenv("PLASTICLM_TOKEN", raising=False)
     assert main(["refine", "registry", "--folder", str(tmp_path), "--host", "0.0.0.0"]) == 2
     assert "serving on 0.0.0.0 needs a token" in capsys.readouterr().err

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--teacher", default="", help="objective cache / answer+cache: the model "
                    "whose cache the fuser learns to reproduce (the receiver's architecture and "
                    "tokenizer, knowing what the transmitter knows)")
-    add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_config_options(q, "plasticlm.refine.fusers.train:FuserTrainConfig")
     add_runtime_options(q)
     q.set_defaults(func=_train_fuser)
 
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--teacher", default="", help="objective cache / answer+cache: the model "
                    "whose cache the fuser learns to reproduce (the receiver's architecture and "
                    "tokenizer, knowing what the transmitter knows)")
-    add_config_options(q, "plasticlm.refine.train:FuserTrainConfig")
+    add_config_options(q, "plasticlm.refine.fusers.train:FuserTrainConfig")
     add_runtime_options(q)
     q.set_defaults(func=_pretrain_fuser, output_args=("registry",))
 
@@ -92,8 +92,8 @@ def _train_fuser(args) -> int:
     from plasticlm.config import from_dict, to_dict
     from plasticlm.experiments.refine.experiment import ExperimentConfig, load_questions
     from plasticlm.refine.examples import make_examples
+    from plasticlm.refine.fusers.train import FuserTrainConfig, train_fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.train import FuserTrainConfig, train_fuser
 
     cfg = load_from_args(FuserTrainConfig, args)
     receiver, transmitter = load_peer(args.receiver), load_peer(args.transmitter)
@@ -122,9 +122,9 @@ def _pretrain_fuser(args) -> int:
     from plasticlm.errors import PlasticError
     from plasticlm.experiments.refine.experiment import sandbox_world_of
     from plasticlm.refine.examples import general_examples
+    from plasticlm.refine.fusers.train import FuserTrainConfig, loss_summary, train_fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.registry import pair_folder
-    from plasticlm.refine.train import FuserTrainConfig, loss_summary, train_fuser
+    from plasticlm.refine.wire.registry import pair_folder
 
     cfg = load_from_args(FuserTrainConfig, args)
     if args.examples < 1:

@@ -25,7 +25,7 @@ def _choices_text(*which: str) -> Callable[[], str]:
     their registries only when help is shown."""
     def text() -> str:
         from plasticlm.refine.modes import MODES, ORDERS
-        from plasticlm.refine.quant import QUANTS
+        from plasticlm.refine.wire.quant import QUANTS
 
         known = {"mode": ("FedRefine modes", MODES), "order": ("orders", ORDERS),
                  "quant": ("cache quantisations", QUANTS)}
@@ -111,7 +111,7 @@ def _service_options(q: argparse.ArgumentParser, port: int) -> None:
     q.add_argument("--timeout", type=float, default=None, help="seconds before a peer is "
                    "skipped (default 30; the setting peer_timeout)")
     # The limits (choices, tokens, requests in flight): --config/--set, listed in --help.
-    add_config_options(q, "plasticlm.refine.serving:ServiceConfig")
+    add_config_options(q, "plasticlm.refine.wire.serving:ServiceConfig")
     q.add_argument("--ca", default="", help="CA bundle of peers behind a private TLS CA")
 
 
@@ -122,7 +122,7 @@ def _choices(args) -> list[str]:
 def _token() -> str | None:
     # From the environment, not argv: a command line is visible to every user of the machine.
     # Set but empty or short is refused, never read as "no token".
-    from plasticlm.refine.serving import check_token
+    from plasticlm.refine.wire.serving import check_token
 
     token = os.environ.get("PLASTICLM_TOKEN")
     check_token(token, "127.0.0.1")
@@ -134,8 +134,8 @@ def _service_config(args, **kw):
     from pathlib import Path
 
     from plasticlm.errors import PlasticError
-    from plasticlm.refine.quant import QUANTS
-    from plasticlm.refine.serving import ServiceConfig, check_listen, check_token, check_url
+    from plasticlm.refine.wire.quant import QUANTS
+    from plasticlm.refine.wire.serving import ServiceConfig, check_listen, check_token, check_url
 
     QUANTS.check(getattr(args, "quant", "bf16"))
     if args.max_payload_mb is not None and not 0 < args.max_payload_mb < float("inf"):
@@ -169,9 +169,9 @@ def _service_config(args, **kw):
 
 def _serve(args) -> int:
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.remote import FuserSource
-    from plasticlm.refine.service import peer_app
-    from plasticlm.refine.serving import serve
+    from plasticlm.refine.wire.remote import FuserSource
+    from plasticlm.refine.wire.service import peer_app
+    from plasticlm.refine.wire.serving import serve
 
     config = _service_config(args, peers=tuple(args.peer), quant=args.quant)
     fusers = FuserSource(args.registry, config.token, config.peer_timeout, config.verify,
@@ -188,9 +188,9 @@ def _registry(args) -> int:
     from pathlib import Path
 
     from plasticlm.errors import PlasticError
-    from plasticlm.refine.registry import registered_pairs
-    from plasticlm.refine.service import registry_app
-    from plasticlm.refine.serving import serve
+    from plasticlm.refine.wire.registry import registered_pairs
+    from plasticlm.refine.wire.service import registry_app
+    from plasticlm.refine.wire.serving import serve
 
     if not Path(args.folder).is_dir():
         raise PlasticError(f"registry folder {args.folder} does not exist; fill it with "
@@ -205,7 +205,7 @@ def _registry(args) -> int:
 
 def _ask_remote_receiver(args) -> int:
     """``--receiver URL``: the receiver's own service answers, asking its configured peers."""
-    from plasticlm.refine.remote import call_peer, http_client
+    from plasticlm.refine.wire.remote import call_peer, http_client
 
     body = {"prompt": args.prompt, "mode": args.mode, "max_new_tokens": args.max_new_tokens,
             "private": args.private, "order": args.order,
@@ -220,7 +220,7 @@ def _ask(args) -> int:
     from plasticlm.config import from_dict
     from plasticlm.errors import PlasticError
     from plasticlm.refine.fedrefine import FedRefine
-    from plasticlm.refine.fuser import Fuser
+    from plasticlm.refine.fusers.fuser import Fuser
     from plasticlm.refine.link import Link
     from plasticlm.refine.modes import MODES, RefineConfig
     from plasticlm.refine.peer import load_peer
@@ -232,8 +232,8 @@ def _ask(args) -> int:
                                       "rounds": args.rounds})
     skipped: list[str] = []
     if args.registry or args.peer:
-        from plasticlm.refine.quant import QUANTS
-        from plasticlm.refine.remote import FuserSource, PeerUnavailable, RemotePeer
+        from plasticlm.refine.wire.quant import QUANTS
+        from plasticlm.refine.wire.remote import FuserSource, PeerUnavailable, RemotePeer
 
         QUANTS.check(args.quant)
         if not args.registry and MODES[args.mode].reads_caches:

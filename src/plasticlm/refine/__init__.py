@@ -16,13 +16,14 @@
 - ``transfer``: held-out transfer, each row beside its control transmitter.
 """
 
-from plasticlm.refine.align import LAYER_MAPS, TokenAlignment, align_tokens, layer_map
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fedrefine import Answer, FedRefine, Scored
-from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.fuser_config import FUSION_MODES, FuserConfig
-from plasticlm.refine.fuser_layers import FUSER_KINDS
+from plasticlm.refine.fusers.align import LAYER_MAPS, TokenAlignment, align_tokens, layer_map
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.fuser_config import FUSION_MODES, FuserConfig
+from plasticlm.refine.fusers.fuser_layers import FUSER_KINDS
+from plasticlm.refine.fusers.train import FuserTrainConfig, train_fuser, train_fusers
 from plasticlm.refine.leakage import (
     InversionResult,
     LeakageResult,
@@ -32,9 +33,8 @@ from plasticlm.refine.leakage import (
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
-from plasticlm.refine.quant import QUANTS
 from plasticlm.refine.rephrase import rephrase, rule_rephrase
-from plasticlm.refine.train import FuserTrainConfig, train_fuser, train_fusers
+from plasticlm.refine.wire.quant import QUANTS
 
 __all__ = [
     "FUSER_KINDS", "FUSION_MODES", "LAYER_MAPS", "MODES", "QUANTS", "Answer", "Example",

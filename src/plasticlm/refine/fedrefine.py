@@ -11,7 +11,7 @@ import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine.decode import Prepared, argmax, greedy_decode, score_choices
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.fusion import device_of
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import MODES, RefineConfig

@@ -19,9 +19,9 @@ import time
 import torch
 
 from plasticlm.errors import PlasticError
-from plasticlm.refine.align import align_to_ends
 from plasticlm.refine.cache import KVCache, extract_cache
 from plasticlm.refine.decode import Prepared
+from plasticlm.refine.fusers.align import align_to_ends
 from plasticlm.refine.link import Link
 from plasticlm.refine.peer import Peer, as_batch, prompt_ids
 from plasticlm.refine.rephrase import rephrase

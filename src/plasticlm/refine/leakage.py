@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from plasticlm.eval import encode_with_bos
-from plasticlm.refine.align import derotate
 from plasticlm.refine.cache import KVCache, extract_cache
+from plasticlm.refine.fusers.align import derotate
 
 
 def _features(cache: KVCache, layer: int) -> torch.Tensor:

@@ -22,10 +22,10 @@ import torch
 
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
-from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import extract_cache
 from plasticlm.refine.decode import Prepared
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.align import align_tokens
+from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.fusion import add_time, fused_state, transmit_text
 from plasticlm.refine.link import Link
 from plasticlm.refine.peer import Peer, as_batch, prompt_ids

@@ -15,8 +15,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import decodable_only, encode_with_bos, generate_texts
 from plasticlm.models import load_causal_lm
 from plasticlm.models.specs import resolve_model as resolve_model_folder
-from plasticlm.refine.align import token_ends
 from plasticlm.refine.cache import KVCache, KVLayout, extract_cache, kv_layout
+from plasticlm.refine.fusers.align import token_ends
 
 
 @dataclass

@@ -22,14 +22,14 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_prompt
 from plasticlm.refine.examples import make_examples
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.train import FuserTrainConfig, train_fuser
 from plasticlm.refine.leakage import measure_leakage
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import RefineConfig
 from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.refine.rephrase import rephrase
 from plasticlm.refine.report import PAPER, markdown_table, plot_report
-from plasticlm.refine.train import FuserTrainConfig, train_fuser
 from plasticlm.runs import RunDir
 from plasticlm.runtime import seed_everything
 from plasticlm.sandbox import sandbox_world

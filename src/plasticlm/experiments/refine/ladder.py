@@ -29,16 +29,16 @@ from plasticlm.experiments.refine.probe import ProbeItem, probe_table
 from plasticlm.experiments.refine.training_text import TrainText
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.link import Link
-from plasticlm.refine.modes import RefineConfig
-from plasticlm.refine.objectives import needs_teacher
-from plasticlm.refine.peer import Peer, load_peer
-from plasticlm.refine.train import (
+from plasticlm.refine.fusers.objectives import needs_teacher
+from plasticlm.refine.fusers.train import (
     FuserTrainConfig,
     loss_summary,
     prepare_examples,
     train_fusers,
 )
+from plasticlm.refine.link import Link
+from plasticlm.refine.modes import RefineConfig
+from plasticlm.refine.peer import Peer, load_peer
 from plasticlm.runs import RunDir
 
 log = logging.getLogger("plasticlm.refine")

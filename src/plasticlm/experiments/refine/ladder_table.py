@@ -12,7 +12,7 @@ import time
 from plasticlm.eval import CI, format_ci, format_summary, paired_summary, pooled_bootstrap_ci
 from plasticlm.experiments.refine.ladder import Ladder
 from plasticlm.experiments.refine.rungs import LABELS, LadderConfig, run_rungs
-from plasticlm.refine.align import align_tokens
+from plasticlm.refine.fusers.align import align_tokens
 from plasticlm.refine.report import probe_summary
 
 PROBE_GATE_PP = 15.0      # as the transfer experiment's gate

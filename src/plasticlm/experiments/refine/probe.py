@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from plasticlm.eval import encode_with_bos
-from plasticlm.refine.align import derotate
 from plasticlm.refine.cache import extract_cache
+from plasticlm.refine.fusers.align import derotate
 
 POSITIONS = ("fused", "before_last", "last")
 

@@ -37,11 +37,11 @@ from plasticlm.experiments.refine.taught import Facts, oracle_peer
 from plasticlm.experiments.refine.training_text import TrainText, training_examples
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.objectives import needs_teacher
+from plasticlm.refine.fusers.train import FuserTrainConfig
 from plasticlm.refine.link import Link
-from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer
-from plasticlm.refine.train import FuserTrainConfig
 
 Rung = Literal["zero", "handover", "regression", "scored", "general", "specialist"]
 RUNGS = get_args(Rung)

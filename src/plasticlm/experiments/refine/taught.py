@@ -22,10 +22,10 @@ from plasticlm.experiments.refine.shipped_taught import copy_shipped, shipped_ta
 from plasticlm.models import load_causal_lm
 from plasticlm.models.pretrain import evaluate_loss, pack_corpus
 from plasticlm.refine.fedrefine import FedRefine
+from plasticlm.refine.fusers.objectives import needs_teacher
 from plasticlm.refine.leakage import learned_inversion
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import RefineConfig
-from plasticlm.refine.objectives import needs_teacher
 from plasticlm.refine.peer import Peer, load_peer, resolve_model
 from plasticlm.refine.rephrase import rule_rephrase
 from plasticlm.runtime import pick_dtype

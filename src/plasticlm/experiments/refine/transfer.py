@@ -12,7 +12,7 @@ task fusers train on). Rows, each beside its control:
 - alone (the receiver), and each transmitter alone;
 - T2T: the transmitter writes a background line, the receiver reads it;
 - C2C, general fuser: trained on the world's general material only (corpus continuations and
-  core-entity Q/A lines, :func:`plasticlm.refine.train.general_examples`), as C2C pre-trains;
+  core-entity Q/A lines, :func:`plasticlm.refine.fusers.train.general_examples`), as C2C pre-trains;
 - C2C, task fuser: trained on the ``dev``/``val`` questions the specialist answers correctly
   (the same examples for the control, so only what the transmitter knows differs);
 - C2C, task fuser with ``fuse_last`` (the ablation that also fuses the last prompt token);

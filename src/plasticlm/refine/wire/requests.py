@@ -1,7 +1,7 @@
 """What a request to a peer service may ask, and how much: the JSON bodies of ``/prefill``,
 ``/generate``, ``/ask`` (and the request inside an ``/answer`` bundle), and their limits in
 tokens (choices, prompt, new tokens; the settings of :class:`ServiceConfig`), checked before
-any model runs. The body as a whole is bounded by :mod:`plasticlm.refine.guard`."""
+any model runs. The body as a whole is bounded by :mod:`plasticlm.refine.wire.guard`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, StringConstraints
 
-from plasticlm.refine.fuser_config import Share
+from plasticlm.refine.fusers.fuser_config import Share
 from plasticlm.refine.modes import MODES, Order
-from plasticlm.refine.quant import QUANTS
-from plasticlm.refine.serving import ServiceConfig, TooLarge
+from plasticlm.refine.wire.quant import QUANTS
+from plasticlm.refine.wire.serving import ServiceConfig, TooLarge
 
 MAX_TEXT_CHARS = 8000   # a ceiling before tokenizing: the token limits are the settings
 Quant = Annotated[str, QUANTS.key]

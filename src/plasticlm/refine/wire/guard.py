@@ -12,7 +12,7 @@ import hmac
 import json
 import logging
 
-log = logging.getLogger("plasticlm.refine.service")
+log = logging.getLogger("plasticlm.refine.wire.service")
 
 OPEN_PATHS = frozenset({"/health"})   # answered without the token: liveness probes
 

@@ -3,7 +3,7 @@ prompt and return its cache; receive caches and answer; ask its configured peers
 and a *registry* serves the fuser of every ordered pair.
 
 Every request passes the guard first (token, body size, requests in flight:
-:mod:`plasticlm.refine.guard`), then its limits in tokens (:mod:`plasticlm.refine.requests`),
+:mod:`plasticlm.refine.wire.guard`), then its limits in tokens (:mod:`plasticlm.refine.wire.requests`),
 then the codec's checks and the shapes against the fuser that will read it; a bad one gets a
 4xx with the reason and changes nothing. Model calls run one at a time per process (one model,
 one lock).
@@ -20,17 +20,17 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from plasticlm.errors import PlasticError
-from plasticlm.refine.codec import PayloadError, decode_bundle, encode_bundle, encode_fuser
 from plasticlm.refine.fedrefine import FedRefine
-from plasticlm.refine.guard import ServiceGuard
 from plasticlm.refine.link import Link
 from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
-from plasticlm.refine.quant import QUANTS
-from plasticlm.refine.registry import check_name, load_registered, registered_pairs
-from plasticlm.refine.remote import FuserSource, PeerUnavailable, Received, RemotePeer
-from plasticlm.refine.requests import AskRequest, GenerateRequest, PrefillRequest, check_limits
-from plasticlm.refine.serving import ServiceConfig, reply_errors
+from plasticlm.refine.wire.codec import PayloadError, decode_bundle, encode_bundle, encode_fuser
+from plasticlm.refine.wire.guard import ServiceGuard
+from plasticlm.refine.wire.quant import QUANTS
+from plasticlm.refine.wire.registry import check_name, load_registered, registered_pairs
+from plasticlm.refine.wire.remote import FuserSource, PeerUnavailable, Received, RemotePeer
+from plasticlm.refine.wire.requests import AskRequest, GenerateRequest, PrefillRequest, check_limits
+from plasticlm.refine.wire.serving import ServiceConfig, reply_errors
 
 
 def guarded(app: FastAPI, config: ServiceConfig) -> ServiceGuard:

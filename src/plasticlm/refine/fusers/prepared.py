@@ -11,10 +11,10 @@ from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
 from plasticlm.eval import pad_batch
-from plasticlm.refine.align import align_tokens
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.examples import Example
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.align import align_tokens
+from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
 
 
@@ -119,7 +119,7 @@ def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
                      cfg, progress: bool = False, teacher: Peer | None = None
                      ) -> list[Prepared]:
     """The frozen models' caches of every example (receiver, transmitter and, given, the
-    teacher's), as :func:`plasticlm.refine.train.train_fusers` uses them; they depend on
+    teacher's), as :func:`plasticlm.refine.fusers.train.train_fusers` uses them; they depend on
     ``cfg``'s fusion mode, ``fuse_last`` and ``draft_tokens`` only, so one list serves every
     seed."""
     if teacher is not None and teacher.layout.num_layers != receiver.layout.num_layers:

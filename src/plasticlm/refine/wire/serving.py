@@ -1,6 +1,6 @@
-"""Running a FedRefine service (:mod:`plasticlm.refine.service`): its config (access token,
+"""Running a FedRefine service (:mod:`plasticlm.refine.wire.service`): its config (access token,
 limits, the peers it may ask, how their caches travel), errors as 4xx replies and listening
-(port, TLS, uvicorn). The guard that refuses before reading is :mod:`plasticlm.refine.guard`."""
+(port, TLS, uvicorn). The guard that refuses before reading is :mod:`plasticlm.refine.wire.guard`."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pydantic import AfterValidator
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.listener import DEFAULT_LIMITS
-from plasticlm.refine.codec import MAX_PAYLOAD_BYTES, PayloadError
-from plasticlm.refine.quant import QUANTS
+from plasticlm.refine.wire.codec import MAX_PAYLOAD_BYTES, PayloadError
+from plasticlm.refine.wire.quant import QUANTS
 
-log = logging.getLogger("plasticlm.refine.service")
+log = logging.getLogger("plasticlm.refine.wire.service")
 
 MIN_TOKEN_CHARS = 16
 CONNECT_TIMEOUT = 5.0

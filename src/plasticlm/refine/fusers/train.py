@@ -24,14 +24,13 @@ from tqdm.auto import tqdm
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
 from plasticlm.eval import pad_id_of
-from plasticlm.refine.align import LayerMap
 from plasticlm.refine.cache import stack_caches
 from plasticlm.refine.examples import Example
-from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.fuser_config import FuserKind, FusionMode, Share
-from plasticlm.refine.objectives import OBJECTIVES, Objective, Step, needs_teacher
-from plasticlm.refine.peer import Peer
-from plasticlm.refine.prepared import (
+from plasticlm.refine.fusers.align import LayerMap
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.fuser_config import FuserKind, FusionMode, Share
+from plasticlm.refine.fusers.objectives import OBJECTIVES, Objective, Step, needs_teacher
+from plasticlm.refine.fusers.prepared import (
     Prepared,
     answer_loss,
     batch_answer_loss,
@@ -40,6 +39,7 @@ from plasticlm.refine.prepared import (
     prepare_example,
     prepare_examples,
 )
+from plasticlm.refine.peer import Peer
 
 
 @configclass

@@ -10,9 +10,9 @@ from typing import Annotated, Literal, get_args
 from plasticlm.config import Field, configclass, from_dict
 from plasticlm.data.jsonl import read_json
 from plasticlm.errors import PlasticError
-from plasticlm.refine.align import LayerMap, layer_map
 from plasticlm.refine.cache import KVLayout
-from plasticlm.refine.fuser_layers import FUSER_KINDS
+from plasticlm.refine.fusers.align import LayerMap, layer_map
+from plasticlm.refine.fusers.fuser_layers import FUSER_KINDS
 
 FusionMode = Literal["aligned", "prefix"]
 FUSION_MODES = get_args(FusionMode)

@@ -15,11 +15,11 @@ import torch
 
 from plasticlm.errors import PlasticError
 from plasticlm.refine.cache import KVLayout
-from plasticlm.refine.codec import MAX_PAYLOAD_BYTES, PayloadError, decode_bundle, decode_fuser
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.peer import Transmission, text_digest
-from plasticlm.refine.registry import check_name, load_registered, name_in_url
-from plasticlm.refine.serving import CONNECT_TIMEOUT
+from plasticlm.refine.wire.codec import MAX_PAYLOAD_BYTES, PayloadError, decode_bundle, decode_fuser
+from plasticlm.refine.wire.registry import check_name, load_registered, name_in_url
+from plasticlm.refine.wire.serving import CONNECT_TIMEOUT
 
 
 class PeerUnavailable(PlasticError):

@@ -11,7 +11,7 @@ import urllib.parse
 from pathlib import Path
 
 from plasticlm.errors import PlasticError
-from plasticlm.refine.fuser import Fuser
+from plasticlm.refine.fusers.fuser import Fuser
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")   # no leading dot, <= 128
 

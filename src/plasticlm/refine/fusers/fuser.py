@@ -38,16 +38,16 @@ from torch import nn
 
 from plasticlm.config import to_dict
 from plasticlm.errors import PlasticError
-from plasticlm.refine.align import derotate, rotate
 from plasticlm.refine.cache import KVCache, KVLayout, positions_from_mask
-from plasticlm.refine.fuser_config import (
+from plasticlm.refine.fusers.align import derotate, rotate
+from plasticlm.refine.fusers.fuser_config import (
     CONFIG_NAME,
     RETRAIN,
     WEIGHTS_NAME,
     FuserConfig,
     read_fuser_config,
 )
-from plasticlm.refine.fuser_layers import FUSER_KINDS
+from plasticlm.refine.fusers.fuser_layers import FUSER_KINDS
 from plasticlm.runtime import pick_device
 from plasticlm.tensor_files import load_tensors
 

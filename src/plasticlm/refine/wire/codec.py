@@ -8,7 +8,7 @@ the quantisation, the token count and a SHA-256 of the token ids. Cache ``i`` ha
 [L_sent, H, T, D] (plus ``i.k.scale`` [L_sent, H, 1, D] and ``i.v.scale`` [L_sent, H, T, 1]
 when quantised): few tensors, so the header stays small beside short prompts.
 
-The quantisations are the members of ``QUANTS`` (:mod:`plasticlm.refine.quant`).
+The quantisations are the members of ``QUANTS`` (:mod:`plasticlm.refine.wire.quant`).
 :func:`decode_bundle` checks everything before anything is used: size, header fields, the
 exact tensor names, shapes, dtypes, finite values and the token hash.
 """
@@ -26,10 +26,10 @@ from safetensors.torch import save as st_save
 from plasticlm.config import to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.refine.cache import KVCache, KVLayout
-from plasticlm.refine.fuser import Fuser
-from plasticlm.refine.fuser_config import config_from
+from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.fuser_config import config_from
 from plasticlm.refine.peer import Transmission
-from plasticlm.refine.quant import QUANTS, SCALE_DTYPE, dequantise
+from plasticlm.refine.wire.quant import QUANTS, SCALE_DTYPE, dequantise
 
 CODEC_VERSION = 1
 MAX_PAYLOAD_BYTES = 64 * 2**20
