@@ -75,7 +75,7 @@ def _untrained_fusers(preset: str, transmitters: tuple[str, ...], registry: Path
     the registry serves it (a smoke check's stand-in for ``refine pretrain-fuser``)."""
     from plasticlm.refine import Fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.wire.registry import pair_folder
+    from plasticlm.refine.wire.fuser_registry import pair_folder
 
     receiver = load_peer(f"{preset}:receiver")
     for t in transmitters:

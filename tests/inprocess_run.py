@@ -10,7 +10,7 @@ from flwr.app import MessageType
 from safetensors.torch import load_file
 
 from plasticlm.config import from_dict
-from plasticlm.fednl import local, setup
+from plasticlm.fednl import build, local
 from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
 from plasticlm.fednl.flower.client_app import client_app
 from plasticlm.fednl.flower.inprocess import InProcessGrid
@@ -49,12 +49,12 @@ def federate(tmp_path_factory, config: dict, counts: tuple[int, ...], run_dir=No
     grid, the theta each client trained from by key, the clients' tasks)."""
     mp = pytest.MonkeyPatch()
     cfg = from_dict(FedNLConfig, config)
-    full = setup.tasks_for(cfg)
+    full = build.tasks_for(cfg)
     assert all(len(t.pairs()) >= n for t, n in zip(full, counts, strict=True))
     tasks = tuple(dataclasses.replace(t, train=t.train[:n])
                   for t, n in zip(full, counts, strict=True))
-    # every node of the run sees these clients (tasks_for reads setup._tasks)
-    mp.setattr(setup, "_tasks", lambda cfg_json: tasks)
+    # every node of the run sees these clients (tasks_for reads build._tasks)
+    mp.setattr(build, "_tasks", lambda cfg_json: tasks)
     starts: list[dict] = []
     real_set_theta = local.set_theta
 
@@ -67,7 +67,7 @@ def federate(tmp_path_factory, config: dict, counts: tuple[int, ...], run_dir=No
     run_config = {**flower_run_config(cfg), RUN_DIR_KEY: str(run_dir)}
     try:
         with RecordingGrid(client_app, run_config, len(tasks)) as grid:
-            server_main(grid, cfg, run_dir, setup.initial_theta(cfg))
+            server_main(grid, cfg, run_dir, build.initial_theta(cfg))
     finally:
         mp.undo()
     assert len(starts) == len(grid.order)

@@ -188,11 +188,11 @@ def test_fednl_every_method_runs_a_local_round_on_the_quick_model():
     """Each registered method prepares the quick receiver, trains one local step from the
     initial theta and returns a finite loss and a theta that moved (same keys, float32)."""
     from plasticlm.config import preset_path
+    from plasticlm.fednl.build import build_model, tasks_for
     from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.local import local_update
     from plasticlm.fednl.methods import FedMethod
     from plasticlm.fednl.sections import METHODS
-    from plasticlm.fednl.setup import build_model, tasks_for
     from plasticlm.fednl.theta import get_theta
 
     assert {FedMethod} | _subclasses(FedMethod) == {m for _, m in METHODS.items()}, \

@@ -92,7 +92,7 @@ def test_closed_book_questions_make_up_their_share_of_each_clients_training(quic
                               & {q.question for q in test.test})
     assert with_closed_book(tasks, quick_world, 0.0) is tasks
     # a run's config reaches its clients' data
-    from plasticlm.fednl.setup import tasks_for
+    from plasticlm.fednl.build import tasks_for
 
     for split in ("openbook", "niah"):
         cfg = from_dict(FedNLConfig, {
@@ -451,7 +451,7 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
     call loads it."""
     import plasticlm.experiments.fednl.central as central
     from plasticlm.experiments.fednl.variants import federated_config, trained_model, variants
-    from plasticlm.fednl.setup import tasks_for
+    from plasticlm.fednl.build import tasks_for
     from plasticlm.fednl.theta import get_theta
 
     cfg = quick_experiment("niah", "run.train.rounds=2", "run.train.local_steps=3")

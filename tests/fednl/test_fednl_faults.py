@@ -96,7 +96,7 @@ def test_client_app_trains_and_evaluates_when_called_directly(tmp_path):
         "data": {"source": "sandbox-quick", "max_train": 8, "max_test": 4},
         "method": {"name": "fedssi"}, "train": {"local_steps": 2, "batch_size": 2},
         "outputs": {"client_state_dir": str(tmp_path)}})
-    from plasticlm.fednl.setup import initial_theta
+    from plasticlm.fednl.build import initial_theta
 
     theta = initial_theta(cfg)
     config = ROUND_1
@@ -125,7 +125,7 @@ def test_a_node_loads_its_own_model_and_data_and_keeps_its_state_where_it_says(t
         "data": {"source": "/nonexistent/data", "max_train": 8, "max_test": 4},
         "method": {"name": "fedssi"}, "train": {"local_steps": 2, "batch_size": 2},
         "outputs": {"client_state_dir": str(server_dir)}})
-    from plasticlm.fednl.setup import initial_theta
+    from plasticlm.fednl.build import initial_theta
 
     theta = initial_theta(override(cfg, {"model": "sandbox-quick:receiver",
                                          "data.source": "sandbox-quick"}))

@@ -7,10 +7,10 @@ from plasticlm.config import override
 from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_line
-from plasticlm.fednl.aggregate import reply_problem, weighted_mean
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.methods import METHODS, prepare_model
+from plasticlm.fednl.replies import reply_problem, weighted_mean
 from plasticlm.fednl.sections import TrainConfig
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta, set_theta, trainable

@@ -18,9 +18,9 @@ from plasticlm.experiments.fednl.variants import (
     Variant,
     client_theta,
 )
+from plasticlm.fednl.build import build_model
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import FedNLPersonal, is_personal
-from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import get_theta, set_theta
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -98,7 +98,7 @@ def test_link_latency_model_by_hand():
 
 def test_pretrain_fuser_into_a_registry_then_answer_through_it(tmp_path, capsys):
     from plasticlm.cli import main
-    from plasticlm.refine.wire.registry import registered_pairs
+    from plasticlm.refine.wire.fuser_registry import registered_pairs
 
     registry = tmp_path / "fusers"
     assert main(["refine", "pretrain-fuser", "--receiver", "quick:receiver", "--transmitter",

@@ -22,7 +22,7 @@ from plasticlm.refine.fedrefine import FedRefine
 from plasticlm.refine.link import Link
 from plasticlm.refine.peer import load_peer
 from plasticlm.refine.wire.codec import encode_bundle, read_metadata
-from plasticlm.refine.wire.registry import pair_folder
+from plasticlm.refine.wire.fuser_registry import pair_folder
 from plasticlm.refine.wire.remote import FuserSource
 from plasticlm.tls import make_certificates
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.aggregate import weighted_mean
 from plasticlm.fednl.aggregators import clip_updates, robust_aggregate
+from plasticlm.fednl.replies import weighted_mean
 from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
 
 RULES = AGGREGATORS.names()

@@ -124,7 +124,7 @@ def _pretrain_fuser(args) -> int:
     from plasticlm.refine.examples import general_examples
     from plasticlm.refine.fusers.train import FuserTrainConfig, loss_summary, train_fuser
     from plasticlm.refine.peer import load_peer
-    from plasticlm.refine.wire.registry import pair_folder
+    from plasticlm.refine.wire.fuser_registry import pair_folder
 
     cfg = load_from_args(FuserTrainConfig, args)
     if args.examples < 1:

@@ -188,7 +188,7 @@ def _registry(args) -> int:
     from pathlib import Path
 
     from plasticlm.errors import PlasticError
-    from plasticlm.refine.wire.registry import registered_pairs
+    from plasticlm.refine.wire.fuser_registry import registered_pairs
     from plasticlm.refine.wire.service import registry_app
     from plasticlm.refine.wire.serving import serve
 

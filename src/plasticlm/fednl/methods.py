@@ -1,7 +1,7 @@
 """The federated methods: what each trains, sends, and adds to the local objective.
 
 All methods share one client update (:func:`plasticlm.fednl.local.local_update`) and one aggregation (weighted
-mean, :mod:`plasticlm.fednl.aggregate`); they differ only in
+mean, :mod:`plasticlm.fednl.replies`); they differ only in
 
 - which parameters form theta (what trains and what travels):
   ``fednl`` the memory's meta-parameters (LoRA for memory q/k/v, beta projection, gate);

@@ -17,6 +17,7 @@ import torch
 from plasticlm.config import read_saved_config, save_config
 from plasticlm.env import DEVICE_ENV, DTYPE_ENV, THREADS_ENV
 from plasticlm.errors import PlasticError, Stopped
+from plasticlm.fednl.build import build_model, tasks_for
 from plasticlm.fednl.config import FedNLConfig, app_config
 from plasticlm.fednl.deploy.simulation import end_shared_link, running_link, shared_link
 from plasticlm.fednl.flower.checkpoint import Checkpointer
@@ -24,7 +25,6 @@ from plasticlm.fednl.flower.stopping import DONE_FILE, ERROR_FILE, StopRequest
 from plasticlm.fednl.flower.strategy import progress_line
 from plasticlm.fednl.report import plot_run, summarise
 from plasticlm.fednl.sections import METHODS
-from plasticlm.fednl.setup import build_model, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
 from plasticlm.models.specs import resolve_model

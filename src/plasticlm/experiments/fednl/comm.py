@@ -9,7 +9,7 @@ from pathlib import Path
 from plasticlm.config import override, to_dict
 from plasticlm.eval import format_ci, seed_ci
 from plasticlm.experiments.fednl.variants import ExperimentConfig, Variant, federated_config
-from plasticlm.fednl.setup import build_model, tasks_for
+from plasticlm.fednl.build import build_model, tasks_for
 from plasticlm.fednl.theta import get_theta
 from plasticlm.outputs import prepare_output
 

@@ -60,9 +60,9 @@ from plasticlm.experiments.fednl.variants import (
     trained_model,
     variants,
 )
+from plasticlm.fednl.build import tasks_for
 from plasticlm.fednl.clients import closed_book_test, has_closed_book_pool
 from plasticlm.fednl.report import PAPER_CELLS
-from plasticlm.fednl.setup import tasks_for
 from plasticlm.fednl.theta import get_theta, set_theta
 from plasticlm.models.specs import resolve_data
 from plasticlm.outputs import prepare_output

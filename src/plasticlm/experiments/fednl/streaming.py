@@ -33,8 +33,8 @@ from plasticlm.experiments.fednl.variants import (
     trained_model,
     variants,
 )
+from plasticlm.fednl.build import build_model
 from plasticlm.fednl.report import PAPER_CELLS
-from plasticlm.fednl.setup import build_model
 from plasticlm.memory import MemoryStream
 from plasticlm.models.specs import resolve_data, resolve_model
 from plasticlm.outputs import prepare_output

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.fednl.central import finished_run, train_central
+from plasticlm.fednl.build import build_model
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.flower.checkpoint import client_state_root, load_client_state
@@ -25,7 +26,6 @@ from plasticlm.fednl.sections import (
     MethodConfig,
     TrainConfig,
 )
-from plasticlm.fednl.setup import build_model
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import clear_run_folder
 from plasticlm.tensor_files import load_tensors

@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from plasticlm.config import override
+from plasticlm.fednl.build import model_for, tasks_for
 from plasticlm.fednl.config import run_of
 from plasticlm.fednl.flower.checkpoint import (
     client_state_root,
@@ -25,7 +26,6 @@ from plasticlm.fednl.flower.messages import pack_theta, unpack_theta
 from plasticlm.fednl.flower.privacy_client import privacy_mod
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.sections import METHODS
-from plasticlm.fednl.setup import model_for, tasks_for
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runtime import dtype_name, set_threads
 

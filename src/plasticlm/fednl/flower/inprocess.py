@@ -21,10 +21,10 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from plasticlm.fednl.build import initial_theta, tasks_for
 from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
 from plasticlm.fednl.flower.client_app import client_app
 from plasticlm.fednl.flower.server_app import server_main
-from plasticlm.fednl.setup import initial_theta, tasks_for
 
 RUN_ID, SERVER_NODE = 1, 1
 

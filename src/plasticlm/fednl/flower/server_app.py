@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from plasticlm.config import save_config
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.build import initial_theta, tasks_for
 from plasticlm.fednl.config import FedNLConfig, run_of
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.privacy_server import run_rounds
@@ -25,7 +26,6 @@ from plasticlm.fednl.flower.stopping import (
     StopRequest,
 )
 from plasticlm.fednl.flower.strategy import RoundFailed, ThetaAverage
-from plasticlm.fednl.setup import initial_theta, tasks_for
 from plasticlm.runs import write_text_atomic
 
 log = logging.getLogger("plasticlm.fednl")

@@ -11,11 +11,11 @@ import torch
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from plasticlm.fednl.aggregate import reply_problem
 from plasticlm.fednl.aggregators import robust_aggregate
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.messages import arrays_problem, pack_theta, unpack_theta
+from plasticlm.fednl.replies import reply_problem
 from plasticlm.fednl.sections import SERVER_OPTIMIZERS
 
 log = logging.getLogger("plasticlm.fednl")

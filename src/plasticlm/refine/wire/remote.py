@@ -18,7 +18,7 @@ from plasticlm.refine.cache import KVLayout
 from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.peer import Transmission, text_digest
 from plasticlm.refine.wire.codec import MAX_PAYLOAD_BYTES, PayloadError, decode_bundle, decode_fuser
-from plasticlm.refine.wire.registry import check_name, load_registered, name_in_url
+from plasticlm.refine.wire.fuser_registry import check_name, load_registered, name_in_url
 from plasticlm.refine.wire.serving import CONNECT_TIMEOUT
 
 

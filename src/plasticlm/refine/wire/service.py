@@ -25,9 +25,9 @@ from plasticlm.refine.link import Link
 from plasticlm.refine.modes import MODES, RefineConfig
 from plasticlm.refine.peer import Peer
 from plasticlm.refine.wire.codec import PayloadError, decode_bundle, encode_bundle, encode_fuser
+from plasticlm.refine.wire.fuser_registry import check_name, load_registered, registered_pairs
 from plasticlm.refine.wire.guard import ServiceGuard
 from plasticlm.refine.wire.quant import QUANTS
-from plasticlm.refine.wire.registry import check_name, load_registered, registered_pairs
 from plasticlm.refine.wire.remote import FuserSource, PeerUnavailable, Received, RemotePeer
 from plasticlm.refine.wire.requests import AskRequest, GenerateRequest, PrefillRequest, check_limits
 from plasticlm.refine.wire.serving import ServiceConfig, reply_errors
