@@ -282,22 +282,15 @@ def test_fednl_robust_rules_equal_flowers_strategies(rule):
 # ---------------------------------------------------------------------------------------------
 
 
-
 @pytest.fixture(scope="module")
-def scol_tiny(one_thread, drug_passages):
+def scol_tiny(one_thread, drug_passages, tiny_squad_world):
     """The SCoL tests' tiny Qwen3 (4 layers) and BPE tokenizer, and three contexts with two
     closed-book questions each."""
-    from plasticlm.eval import qa_line
-    from plasticlm.models import build_tiny, train_bpe_tokenizer
     from plasticlm.scol.contexts import contexts_from_passages
 
     passages = drug_passages[:3]
-    texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
-        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
-    tok = train_bpe_tokenizer(texts, vocab_size=300)
-    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
-                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
-                       max_position_embeddings=512).eval()
+    _, model, tok = tiny_squad_world(passages, "scol_registries", ["layers: 0, 1, 2, 3"] * 3,
+                                     num_layers=4, max_position_embeddings=512)
     return model, tok, contexts_from_passages(passages)
 
 

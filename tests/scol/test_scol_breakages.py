@@ -20,9 +20,6 @@ import pytest
 import torch
 
 from plasticlm.config import override
-from plasticlm.data.squad import write_squad
-from plasticlm.eval import qa_line
-from plasticlm.models import build_tiny, train_bpe_tokenizer
 from plasticlm.scol.action_scores import completion_logprob
 from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import LoraTrainConfig
@@ -31,19 +28,11 @@ from plasticlm.scol.ipo import PreferencePair, ipo_update
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, one_thread, drug_passages):
+def tiny(tiny_squad_world, one_thread, drug_passages):
     """A 4-layer tiny model and its tokenizer, saved with a SQuAD file of six passages."""
     passages = drug_passages
-    texts = [p.context for p in passages] * 3 + ["layers: 0, 1, 2, 3"] * 3 + [
-        qa_line(q.question, q.answers[0].text) for p in passages for q in p.qas]
-    tok = train_bpe_tokenizer(texts, vocab_size=300)
-    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, num_layers=4,
-                       num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
-                       max_position_embeddings=512).eval()
-    folder = tmp_path_factory.mktemp("scol_breakages")
-    model.save_pretrained(folder / "model")
-    tok.save_pretrained(folder / "model")
-    write_squad(folder / "squad.json", passages)
+    folder, model, tok = tiny_squad_world(passages, "scol_breakages", ["layers: 0, 1, 2, 3"] * 3,
+                                          num_layers=4, max_position_embeddings=512)
     return model, tok, passages, folder
 
 
