@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 
 from plasticlm.config import load_config
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.config_sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.flower.messages import pack_theta
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.theta import trainable
 from plasticlm.models.shapes import shape_config
 

@@ -180,7 +180,7 @@ def test_refine_registry_typos_are_refused_with_the_choices(capsys):
 # ---------------------------------------------------------------------------------------------
 
 FEDNL_ONE_STEP = ["train.local_steps=1", "train.batch_size=2", "data.max_train=4",
-                  "data.max_test=2", "method.ala_steps=1", "train.lr=1e-2", "train.full_lr=1e-2"]
+                  "data.max_test=2", "method.fedala.steps=1", "train.lr=1e-2", "train.full_lr=1e-2"]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -192,7 +192,7 @@ def test_fednl_every_method_runs_a_local_round_on_the_quick_model():
     from plasticlm.fednl.config import FedNLConfig
     from plasticlm.fednl.local import local_update
     from plasticlm.fednl.methods import FedMethod
-    from plasticlm.fednl.sections import METHODS
+    from plasticlm.fednl.registries import METHODS
     from plasticlm.fednl.theta import get_theta
 
     assert {FedMethod} | _subclasses(FedMethod) == {m for _, m in METHODS.items()}, \
@@ -221,7 +221,8 @@ def test_fednl_every_aggregation_rule_stays_within_the_clients():
     """Each registered rule maps 5 honest replies to a theta inside their coordinate-wise
     range (and none is clipped)."""
     from plasticlm.fednl.aggregators import robust_aggregate
-    from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
+    from plasticlm.fednl.config_sections import AggregationConfig
+    from plasticlm.fednl.registries import AGGREGATORS
 
     current, thetas = _fednl_honest()
     for rule in AGGREGATORS.names():
@@ -257,7 +258,7 @@ def test_fednl_robust_rules_equal_flowers_strategies(rule):
     from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum
 
     from plasticlm.fednl.aggregators import robust_aggregate
-    from plasticlm.fednl.sections import AggregationConfig
+    from plasticlm.fednl.config_sections import AggregationConfig
 
     current, thetas = _fednl_honest(5, seed=3)
     thetas[4] = {k: v + 5.0 for k, v in thetas[4].items()}   # one far client: rules differ

@@ -15,8 +15,10 @@ folder (:func:`save_config`) and a run resumes from it (:func:`read_saved_config
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import logging
 import tomllib
 import typing
 from pathlib import Path
@@ -34,6 +36,7 @@ __all__ = ["Field", "configclass", "load_config", "from_dict", "to_dict", "save_
            "read_config_file", "parse_value", "deep_update", "overrides_tree"]
 
 T = TypeVar("T")
+log = logging.getLogger("plasticlm")
 
 # lax numbers (1 for 1.0, lists for tuples) but never a silent extra key, NaN or infinity
 _SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -79,14 +82,47 @@ def refusal(e: ValidationError, cls: type) -> PlasticError:
 
 def from_dict(cls: type[T], data: Any) -> T:
     """Build config ``cls`` from a nested dict; every problem is refused in one line that
-    names the key, what was expected (the choices of a ``Literal``) and what was given."""
+    names the key, what was expected (the choices of a ``Literal``) and what was given.
+
+    A key the class has renamed (its ``RENAMED_KEYS``, dotted old -> dotted new) is read
+    under its new name with a warning, so that saved run folders and old files still load."""
     if not isinstance(data, dict):
         raise PlasticError(f"config: expected a table of keys, got {data!r}")
+    data = _renamed(cls, data)
     _refuse_bool_numbers(cls, data, "")
     try:
         return TypeAdapter(cls).validate_python(data)
     except ValidationError as e:
         raise refusal(e, cls) from None
+
+
+def _renamed(cls: type, data: dict) -> dict:
+    renames = getattr(cls, "RENAMED_KEYS", None)
+    if not renames:
+        return data
+    data = copy.deepcopy(data)
+    for old, new in renames.items():
+        *parents, last = old.split(".")
+        node = data
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        value = node.pop(last)
+        if _get_path(data, new) is None:
+            _set_path(data, new, value)
+            log.warning("config %s is now %s: read as that", old, new)
+        else:
+            raise PlasticError(f"config {old} is now {new}, and both are given: keep {new}")
+    return data
+
+
+def _get_path(tree: dict, dotted: str) -> Any:
+    for k in dotted.split("."):
+        if not isinstance(tree, dict) or k not in tree:
+            return None
+        tree = tree[k]
+    return tree
 
 
 def _refuse_bool_numbers(cls: type, data: dict, where: str) -> None:

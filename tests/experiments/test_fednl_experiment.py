@@ -9,8 +9,8 @@ import torch
 
 from plasticlm.config import from_dict, override
 from plasticlm.errors import PlasticError
+from plasticlm.fednl.config_sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.models import build_tiny
 
 

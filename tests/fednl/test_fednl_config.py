@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Context, MessageType, RecordDict
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from flwr.supercore.task_identity import TaskIdentity
 
-from plasticlm.config import load_config, override, preset_path, to_dict
+from plasticlm.config import from_dict, load_config, override, preset_path, to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.fednl.variants import ExperimentConfig, federated_config, variants
 from plasticlm.fednl.config import (
@@ -27,7 +27,7 @@ from plasticlm.fednl.deploy.processes import APP_DIR
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.messages import pack_theta
 from plasticlm.fednl.flower.strategy import ThetaAverage
-from plasticlm.fednl.sections import AGGREGATORS, METHODS
+from plasticlm.fednl.registries import AGGREGATORS, METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHANGES = {"name": "cfg-test", "seed": 7, "model": "sandbox-quick:receiver",
            "data.source": "sandbox-quick", "data.split": "dirichlet", "data.num_clients": 3,
            "data.alpha": 0.25, "data.max_train": 12, "method.name": "fedprox",
-           "method.window": 32, "method.prox_mu": 0.5, "memory.layers": "0,1",
+           "method.window": 32, "method.fedprox.mu": 0.5, "memory.layers": "0,1",
            "memory.mix": "additive", "memory.decay": True, "train.rounds": 6,
            "train.lr": 1e-3, "train.segment_tokens": 16, "federation.min_clients": 3,
            "federation.transfer_dtype": "float16", "aggregation.rule": "trimmed_mean",
@@ -173,3 +173,14 @@ def test_the_docs_fednl_commands_set_keys_that_exist():
                 assert key in keys[command], f"{page.name}: fednl {command} --set {key}"
                 seen += 1
     assert seen >= 10
+
+
+def test_the_flat_method_keys_of_earlier_versions_load_as_each_methods_own(caplog):
+    """A run folder saved before the baselines' knobs moved into their own configs still
+    resumes: ``method.prox_mu`` is read as ``method.fedprox.mu`` (with a warning); both at once
+    is refused in one line."""
+    cfg = from_dict(FedNLConfig, {"method": {"prox_mu": 0.3, "ala_steps": 2, "si_c": 0.5}})
+    assert (cfg.method.fedprox.mu, cfg.method.fedala.steps, cfg.method.fedssi.c) == (0.3, 2, 0.5)
+    assert "method.prox_mu is now method.fedprox.mu" in caplog.text
+    with pytest.raises(PlasticError, match="method.prox_mu is now method.fedprox.mu, and both"):
+        from_dict(FedNLConfig, {"method": {"prox_mu": 0.3, "fedprox": {"mu": 0.1}}})

@@ -8,10 +8,10 @@ from plasticlm.data.records import MCQuestion
 from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_line
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.config_sections import TrainConfig
 from plasticlm.fednl.local import local_update
 from plasticlm.fednl.methods import METHODS, prepare_model
 from plasticlm.fednl.replies import reply_problem, weighted_mean
-from plasticlm.fednl.sections import TrainConfig
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta, set_theta, trainable
 from plasticlm.models import build_tiny, pack_corpus, train_bpe_tokenizer, train_lm
@@ -58,7 +58,7 @@ def run_config(method: str, changes: dict | None = None) -> FedNLConfig:
     its 8-token window through the memory; the baselines attend fully."""
     window = 8 if method.startswith("fednl") else 0
     return override(FedNLConfig(), {
-        "method.name": method, "method.window": window, "method.ala_steps": 2,
+        "method.name": method, "method.window": window, "method.fedala.steps": 2,
         "train.local_steps": 6, "train.batch_size": 4, "train.lr": 1e-2,
         "train.full_lr": 1e-2, **(changes or {})})
 
@@ -160,7 +160,7 @@ def test_the_memory_gate_opens_within_the_default_budget(tok, task):
 def test_fedprox_stays_closer_to_the_global_theta(tok, task):
     far = {}
     for mu in (0.0, 100.0):
-        model, cfg = fresh("fedprox", tok, {"method.prox_mu": mu})
+        model, cfg = fresh("fedprox", tok, {"method.fedprox.mu": mu})
         g = get_theta(model)
         theta, _ = local_update(model, tok, task, g, {}, cfg, seed=0)
         far[mu] = sum(((theta[k] - g[k]) ** 2).sum().item() for k in g)
@@ -182,6 +182,25 @@ def test_fedala_weights_stay_in_unit_interval_and_first_round_is_global(tok, tas
     assert all(f"layers.{top_layer}." in k for k in state if k.startswith("ala."))
 
 
+def test_fedala_client_update_takes_a_list_of_batches_as_the_generator(tok, task):
+    """The library call (a list of batches, no run config) gives FedALA's round exactly what
+    the run's generator gives it: its weights learnt on the first ``fedala.steps`` batches."""
+    from plasticlm.fednl.local import client_update
+
+    results = []
+    for as_list in (False, True):
+        model, cfg = fresh("fedala", tok)
+        g, state = get_theta(model), {}
+        local_update(model, tok, task, g, state, cfg, seed=0)      # round 1: keeps local theta
+        g2 = {k: v + 0.01 for k, v in g.items()}
+        batches = task.batches(tok, cfg.train.local_steps + cfg.method.fedala.steps,
+                               cfg.train.batch_size, 1)
+        theta, _ = client_update(model, list(batches) if as_list else batches, g2, state,
+                                 cfg.method, cfg.train)
+        results.append(theta)
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
 def test_fedssi_importances_are_non_negative_and_accumulate(tok, task):
     model, cfg = fresh("fedssi", tok)
     g = get_theta(model)
@@ -196,7 +215,7 @@ def test_fedssi_importances_are_non_negative_and_accumulate(tok, task):
 
 def test_fedssi_penalty_changes_the_second_round_and_vanishes_at_c_zero(tok, task):
     """From the second round on, FedSSI's synaptic-intelligence penalty pulls theta toward
-    its anchor: the update differs from the same run without it (si_c = 0), which equals
+    its anchor: the update differs from the same run without it (fedssi.c = 0), which equals
     plain FedAvg's update step for step."""
     def two_rounds(method: str, changes: dict | None = None):
         model, cfg = fresh(method, tok, changes)
@@ -205,8 +224,8 @@ def test_fedssi_penalty_changes_the_second_round_and_vanishes_at_c_zero(tok, tas
             theta, _ = local_update(model, tok, task, theta, state, cfg, seed=r)
         return theta
 
-    ssi = two_rounds("fedssi", {"method.si_c": 10.0})
-    no_penalty = two_rounds("fedssi", {"method.si_c": 0.0})
+    ssi = two_rounds("fedssi", {"method.fedssi.c": 10.0})
+    no_penalty = two_rounds("fedssi", {"method.fedssi.c": 0.0})
     fedavg = two_rounds("fedavg")
     assert all(torch.equal(no_penalty[k], fedavg[k]) for k in fedavg)
     assert max((ssi[k] - no_penalty[k]).abs().max().item() for k in ssi) > 1e-4

@@ -12,8 +12,9 @@ from test_fednl_weighted_mean import CONFIG, COUNTS
 
 from plasticlm.config import from_dict
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.config_sections import AggregationConfig
 from plasticlm.fednl.flower.checkpoint import Checkpointer
-from plasticlm.fednl.sections import SERVER_OPTIMIZERS, AggregationConfig
+from plasticlm.fednl.registries import SERVER_OPTIMIZERS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.aggregators import clip_updates, robust_aggregate
+from plasticlm.fednl.config_sections import AggregationConfig
+from plasticlm.fednl.registries import AGGREGATORS
 from plasticlm.fednl.replies import weighted_mean
-from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
 
 RULES = AGGREGATORS.names()
 

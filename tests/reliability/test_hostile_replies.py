@@ -263,7 +263,7 @@ def test_an_aggregate_over_the_step_bound_is_refused_and_the_previous_theta_kept
 def test_a_refused_round_leaves_the_server_optimisers_state_as_it_was(server):
     """Server momentum: a refused aggregate must not enter the momentum buffer (the next
     rounds would carry it); an accepted one does."""
-    from plasticlm.fednl.sections import SERVER_OPTIMIZERS
+    from plasticlm.fednl.registries import SERVER_OPTIMIZERS
 
     s = server()
     s.cfg = override(s.cfg, {"aggregation.clip": 0.0, "aggregation.server_opt": "avgm"})

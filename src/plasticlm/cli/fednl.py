@@ -109,9 +109,9 @@ def _run(args) -> int:
 def _compare(args) -> int:
     from plasticlm.config import override
     from plasticlm.errors import PlasticError
+    from plasticlm.fednl.registries import METHODS
     from plasticlm.fednl.report import comparison_table
     from plasticlm.fednl.run import run_federated
-    from plasticlm.fednl.sections import METHODS
 
     base = _load(args)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]

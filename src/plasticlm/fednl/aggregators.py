@@ -29,7 +29,8 @@ from flwr.app import ArrayRecord, RecordDict
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from plasticlm.fednl.sections import AGGREGATORS, AggregationConfig
+from plasticlm.fednl.config_sections import AggregationConfig
+from plasticlm.fednl.registries import AGGREGATORS
 
 log = logging.getLogger("plasticlm.fednl")
 

@@ -14,14 +14,12 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from plasticlm.config import Field, configclass, from_dict, to_dict
 from plasticlm.errors import PlasticError
 from plasticlm.fednl import aggregators, methods, server_opt  # noqa: F401 - they register
-from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
-from plasticlm.fednl.sections import (
-    METHODS,
+from plasticlm.fednl.config_sections import (
     AggregationConfig,
     DataConfig,
     EvalConfig,
@@ -31,12 +29,26 @@ from plasticlm.fednl.sections import (
     OutputConfig,
     TrainConfig,
 )
+from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
+from plasticlm.fednl.registries import METHODS
 from plasticlm.outputs import check_folder_name
 
 
 @configclass
 class FedNLConfig:
     """Everything a federated run needs."""
+
+    # the flat method knobs of earlier versions, now each method's own config (run folders
+    # saved before the move still resume)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "method.prox_mu": "method.fedprox.mu",
+        "method.ala_layers": "method.fedala.layers",
+        "method.ala_steps": "method.fedala.steps",
+        "method.ala_lr": "method.fedala.lr",
+        "method.si_c": "method.fedssi.c",
+        "method.si_xi": "method.fedssi.xi",
+        "method.si_mix": "method.fedssi.mix",
+    }
 
     name: str = Field("fednl-sandbox", description="the run's folder name under outputs.out")
     seed: int = Field(0, ge=0, description="data split, initial theta and sampling")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from plasticlm.fednl.config import FedNLConfig
+from plasticlm.fednl.config_sections import MethodConfig, TrainConfig
 from plasticlm.fednl.objective import answer_loss, param_groups, segmented_answer_backward
-from plasticlm.fednl.sections import METHODS, MethodConfig, TrainConfig
+from plasticlm.fednl.registries import METHODS
 from plasticlm.fednl.theta import set_theta, trainable
 
 
@@ -15,8 +16,8 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict,
                  cfg: FedNLConfig, seed: int) -> tuple[dict, dict]:
     """One round of local training on ``task``'s batches for round ``seed``: the run's
     :func:`client_update` (``cfg.method``, ``cfg.train``)."""
-    batches = task.batches(tokenizer, cfg.train.local_steps + cfg.method.ala_steps,
-                           cfg.train.batch_size, seed)
+    extra = METHODS[cfg.method.name]().extra_batches(cfg.method)
+    batches = task.batches(tokenizer, cfg.train.local_steps + extra, cfg.train.batch_size, seed)
     return client_update(model, batches, global_theta, state, cfg.method, cfg.train)
 
 
@@ -27,15 +28,16 @@ def client_update(model, batches, global_theta: dict, state: dict, method_cfg: M
     theta less what the method keeps on the client, metrics). No run folder or data config.
 
     ``model``: prepared by :func:`plasticlm.fednl.prepare_model` for ``method_cfg``;
-    ``batches``: a list of ``(ids, labels)``, each ``[B, T]`` long tensors, labels -100 where
-    no loss is taken (``local_steps + method_cfg.ala_steps`` of them: FedALA learns its
-    weights on the extra ones); ``state``: the client's personal tensors, read and updated in
+    ``batches``: an iterable of ``(ids, labels)``, each ``[B, T]`` long tensors, labels -100 where
+    no loss is taken (``local_steps`` of them, plus the method's ``extra_batches``: FedALA
+    learns its weights on ``method_cfg.fedala.steps`` more, drawn first); ``state``: the client's personal tensors, read and updated in
     place. The model is left holding the whole local theta.
 
     >>> theta, metrics = client_update(model, batches, get_theta(model), {},
     ...                                MethodConfig(name="fednl", window=16), TrainConfig())  # doctest: +SKIP
     """
     method = METHODS[method_cfg.name]()
+    batches = iter(batches)   # a list or a generator: FedALA draws its batches first
     # the round runs where the model is: theta, anchors and personal state join it there,
     # and go back to the CPU (the wire, the client's disk) at the end
     device = next(model.parameters()).device

@@ -23,8 +23,8 @@ from plasticlm.fednl.deploy.simulation import end_shared_link, running_link, sha
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.stopping import DONE_FILE, ERROR_FILE, StopRequest
 from plasticlm.fednl.flower.strategy import progress_line
+from plasticlm.fednl.registries import METHODS
 from plasticlm.fednl.report import plot_run, summarise
-from plasticlm.fednl.sections import METHODS
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
 from plasticlm.models.specs import resolve_model

@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from plasticlm.fednl.sections import SERVER_OPTIMIZERS, AggregationConfig
+from plasticlm.fednl.config_sections import AggregationConfig
+from plasticlm.fednl.registries import SERVER_OPTIMIZERS
 
 State = dict[str, torch.Tensor]
 

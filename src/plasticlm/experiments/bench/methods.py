@@ -14,8 +14,8 @@ from transformers import DynamicCache
 from plasticlm.data.squad import load_squad
 from plasticlm.experiments.scol.setup import ExperimentConfig, quick_config, resolve_world_file
 from plasticlm.experiments.scol.setup import load_model as load_scol_model
+from plasticlm.fednl.config_sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.methods import prepare_model
-from plasticlm.fednl.sections import MemoryOptions, MethodConfig
 from plasticlm.fednl.theta import get_theta
 from plasticlm.memory import MemoryStream, attach_memory
 from plasticlm.models import build_tiny, train_bpe_tokenizer

@@ -112,8 +112,8 @@ def train(model, tok, items, steps: int, batch: int, seed: int) -> list[float]:
     import torch
 
     from plasticlm.eval import encode_pair, qa_continuation
+    from plasticlm.fednl.config_sections import TrainConfig
     from plasticlm.fednl.objective import answer_loss, param_groups
-    from plasticlm.fednl.sections import TrainConfig
 
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(param_groups(params, TrainConfig().gate_lr), lr=TrainConfig().lr,

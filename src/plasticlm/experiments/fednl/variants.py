@@ -16,16 +16,16 @@ from plasticlm.experiments.fednl.central import finished_run, train_central
 from plasticlm.fednl.build import build_model
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.flower.checkpoint import client_state_root, load_client_state
-from plasticlm.fednl.run import run_federated
-from plasticlm.fednl.sections import (
-    METHODS,
+from plasticlm.fednl.config_sections import (
     DataConfig,
     EvalConfig,
     FederationConfig,
     MethodConfig,
     TrainConfig,
 )
+from plasticlm.fednl.flower.checkpoint import client_state_root, load_client_state
+from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import clear_run_folder
 from plasticlm.tensor_files import load_tensors

@@ -25,7 +25,7 @@ from plasticlm.fednl.flower.checkpoint import (
 from plasticlm.fednl.flower.messages import pack_theta, unpack_theta
 from plasticlm.fednl.flower.privacy_client import privacy_mod
 from plasticlm.fednl.local import local_update
-from plasticlm.fednl.sections import METHODS
+from plasticlm.fednl.registries import METHODS
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runtime import dtype_name, set_threads
 

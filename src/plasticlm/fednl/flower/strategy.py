@@ -15,8 +15,8 @@ from plasticlm.fednl.aggregators import robust_aggregate
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.messages import arrays_problem, pack_theta, unpack_theta
+from plasticlm.fednl.registries import SERVER_OPTIMIZERS
 from plasticlm.fednl.replies import reply_problem
-from plasticlm.fednl.sections import SERVER_OPTIMIZERS
 
 log = logging.getLogger("plasticlm.fednl")
 

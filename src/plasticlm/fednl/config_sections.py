@@ -1,10 +1,10 @@
-"""The sections of FedNL's run config and the registries its choices name.
+"""The sections of FedNL's run config (:class:`plasticlm.fednl.config.FedNLConfig`).
 
-Each section is a frozen, validated :func:`plasticlm.config.configclass`; ``METHODS``,
-``AGGREGATORS`` and ``SERVER_OPTIMIZERS`` are filled by the modules that define their members
-(:mod:`plasticlm.fednl.methods`, :mod:`plasticlm.fednl.aggregators`,
-:mod:`plasticlm.fednl.server_opt`), which
-:mod:`plasticlm.fednl.config` imports, so a loaded config always sees every member.
+Each section is a frozen, validated :func:`plasticlm.config.configclass`; a field naming an
+extension point (a method, an aggregation rule, a server optimiser) is checked against its
+registry (:mod:`plasticlm.fednl.registries`). A method's own knobs are its own config class,
+defined beside it (``FedProxConfig`` in :mod:`plasticlm.fednl.methods.fedprox`, ...), and sit
+in ``method`` under the method's name: ``method.fedprox.mu``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from typing import Annotated, Literal
 
 from plasticlm.config import Field, configclass
 from plasticlm.errors import PlasticError
-from plasticlm.registry import Registry
-
-METHODS = Registry("federated method")
-AGGREGATORS = Registry("aggregation rule")
-SERVER_OPTIMIZERS = Registry("server optimiser")
+from plasticlm.fednl.methods.fedala import FedALAConfig
+from plasticlm.fednl.methods.fedprox import FedProxConfig
+from plasticlm.fednl.methods.fedssi import FedSSIConfig
+from plasticlm.fednl.registries import AGGREGATORS, METHODS, SERVER_OPTIMIZERS
 
 
 @configclass
@@ -53,22 +52,16 @@ class MethodConfig:
     """What theta is and what a method adds to the local objective."""
 
     name: Annotated[str, METHODS.key] = Field("fednl", description="what theta is and how "
-                                              "it trains (fednl/methods.py)")
+                                              "it trains (fednl/methods/)")
     window: int = Field(64, ge=0, description="attention window in tokens, every method (0 = "
                         "full attention, baselines only): equal O(1) state by default; "
                         "fednl's memory keeps what falls out of the window")
     lora_rank: int = Field(8, gt=0, description="LoRA rank (the memory's q/k/v for fednl, "
                            "the base's q/k/v for the LoRA baselines)")
     lora_alpha: float = Field(16.0, gt=0, description="LoRA scale = lora_alpha / lora_rank")
-    prox_mu: float = Field(0.01, ge=0, description="fedprox: weight of (mu/2)||w - w_global||^2")
-    ala_layers: int = Field(1, gt=0, description="fedala: top decoder layers that get "
-                            "element-wise weights")
-    ala_steps: int = Field(4, ge=0, description="fedala: batches to learn the weights on")
-    ala_lr: float = Field(1.0, gt=0, description="fedala: learning rate of the weights")
-    si_c: float = Field(0.1, ge=0, description="fedssi: penalty strength")
-    si_xi: float = Field(1e-3, gt=0, description="fedssi: synaptic-intelligence damping")
-    si_mix: float = Field(0.5, ge=0, le=1, description="fedssi: anchor = mix * local + "
-                          "(1 - mix) * global")
+    fedprox: FedProxConfig = Field(default_factory=FedProxConfig, description="")
+    fedala: FedALAConfig = Field(default_factory=FedALAConfig, description="")
+    fedssi: FedSSIConfig = Field(default_factory=FedSSIConfig, description="")
 
 
 @configclass
