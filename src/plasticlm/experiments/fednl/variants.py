@@ -13,6 +13,7 @@ from typing import Any, Literal
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.fednl.central import finished_run, train_central
+from plasticlm.experiments.rows import kept, load_rows, resolve, rows_path
 from plasticlm.fednl.build import build_model
 from plasticlm.fednl.clients import has_closed_book_pool
 from plasticlm.fednl.config import FedNLConfig
@@ -33,6 +34,8 @@ from plasticlm.tensor_files import load_tensors
 log = logging.getLogger("plasticlm.fednl")
 
 EXPERIMENTS = ("mmlu", "niah", "openbook", "stream", "memory", "comm")
+# the experiments scored row by row (stream reads the rows of its stream_from runs)
+ROW_EXPERIMENTS = ("mmlu", "niah", "openbook")
 # the split each experiment's clients are built with (memory and comm measure mmlu's clients)
 SPLITS = {"niah": "niah", "openbook": "openbook"}
 # the federated baselines the paper compares FedNL against (windowed LoRA, as FedAvg)
@@ -96,6 +99,9 @@ class ExperimentConfig:
                                    "where they stand")
     stream_from: Literal["openbook", "niah"] = Field("openbook", description="stream: whose "
                                                      "runs' thetas read the streams")
+    rows_file: str = Field("", description="a TOML file of [[row]] tables (a label and "
+                           "dotted overrides of run) to run instead of the packaged "
+                           "configs/experiments/fednl/<experiment>.toml")
     run: FedNLConfig = Field(default_factory=_experiment_run, description="")
 
     def __post_init__(self):
@@ -108,6 +114,8 @@ class ExperimentConfig:
         if self.run.method.window < 1:
             raise PlasticError("the experiments compare rows at an attention window: "
                                "run.method.window must be >= 1")
+        if self.rows_file or self.experiment in ROW_EXPERIMENTS:
+            load_rows(_rows_file(self), CONDITIONS)     # a bad row is refused at load
 
 
 def variants(cfg: ExperimentConfig) -> list[Variant]:
@@ -123,52 +131,22 @@ def variants(cfg: ExperimentConfig) -> list[Variant]:
     return [v for v in every if v.label in cfg.rows or v.label == "fedavg LoRA, window"]
 
 
-def _row(label: str, method: str, trained: bool = True, **changes: Any) -> Variant:
-    return Variant(label, (("method.name", method), *changes.items()), trained)
+CONDITIONS = ("closed_book_pool",)
+
+
+def _rows_file(cfg: ExperimentConfig) -> Path:
+    return Path(cfg.rows_file) if cfg.rows_file else rows_path("fednl", cfg.experiment)
 
 
 def _all_variants(cfg: ExperimentConfig) -> list[Variant]:
-    full = {"method.window": 0, "train.segment_tokens": 0}
-    if cfg.experiment == "mmlu":
-        # every item fits at 64: a closed-book test of the method, not of the window
-        w = {"method.window": 64}
-        return [_row("fednl", "fednl", **w), _row("fedavg LoRA, window", "fedavg", **w),
-                _row("fedprox", "fedprox", **w), _row("fedssi", "fedssi", **w),
-                _row("fedala", "fedala", **w),
-                _row("untrained", "fedavg", trained=False, **w)]
-    # the closed-book row needs closed-book questions: not in a folder of NIAH essays
-    book = ([_row("fednl, with closed-book questions", "fednl",
-                  **{"data.closed_book_share": cfg.closed_book_row_share})]
-            if has_closed_book_pool(cfg.run.data.source) else [])
-    return [_row("fednl", "fednl"),
-            _row("fednl, decay", "fednl", **{"memory.decay": True}),
-            *book,
-            _row("fednl, recurrence removed", "fednl", **{"memory.recurrent": False}),
-            _row("fedavg LoRA, window", "fedavg"),
-            # the paper's NIAH baselines, windowed like FedAvg (the same theta budget: LoRA)
-            *([_row(m, m) for m in PAPER_BASELINES]
-              if cfg.experiment == "niah" else []),
-            # issue 41's yardstick and levers against task conflict: the same theta and steps
-            # with the seven tasks pooled centrally; the federation given three times the
-            # rounds; the nested split (each client's gate kept on the client); four times
-            # the memory's LoRA rank at the same scale; server optimisers (Flower's FedAvgM;
-            # FedAdam at lr 1e-2 and tau 1e-3 moves a value of the median FedAvg move, 0.0025
-            # a round here, by about 0.0015 in round 1, and the gate's larger moves far less)
-            *([Variant(CENTRAL, (("method.name", "fednl"),), central=True),
-               _row("fednl, 3x rounds", "fednl",
-                    **{"train.rounds": 3 * cfg.run.train.rounds}),
-               _row(PERSONAL_GATE, "fednl-personal"),
-               _row("fednl, LoRA rank x4", "fednl",
-                    **{"method.lora_rank": 4 * cfg.run.method.lora_rank,
-                       "method.lora_alpha": 4 * cfg.run.method.lora_alpha}),
-               _row("fednl, FedAvgM", "fednl", **{"aggregation.server_opt": "avgm"}),
-               _row("fednl, FedAdam", "fednl", **{"aggregation.server_opt": "adam",
-                                                  "aggregation.server_lr": 1e-2})]
-              if cfg.experiment == "niah" else []),
-            Variant("fedavg LoRA, full attention", (("method.name", "fedavg"), *full.items())),
-            _row("untrained, window", "fedavg", trained=False),
-            # the memory as initialised, never trained: what FedNL's rows must beat per task
-            _row("fednl, untrained memory", "fednl", trained=False)]
+    """The rows of ``configs/experiments/fednl/<experiment>.toml`` (or ``cfg.rows_file``),
+    resolved against the base run; the closed-book row only where the data source has
+    closed-book questions (not in a folder of NIAH essays)."""
+    def holds(condition: str) -> bool:
+        return has_closed_book_pool(cfg.run.data.source)
+    rows = kept(load_rows(_rows_file(cfg), CONDITIONS), holds)
+    return [Variant(r.label, resolve(r, cfg.run, cfg), r.trained, central=r.central)
+            for r in rows]
 
 
 def _resolved(cfg: ExperimentConfig, v: Variant) -> FedNLConfig:
