@@ -6,7 +6,7 @@ client-side DP (the ``privacy`` section of the run config; Flower's own wrappers
     python bench/fednl_privacy.py --smoke   # 1 seed, 1 round, 2 clients; writes nothing
 
 Each run goes through the real ServerApp rounds and ClientApp (mods included) in one process
-(``plasticlm.fednl.flower.inprocess``), whose grid counts every message's records in both
+(``plasticlm.fednl.flower.in_process_grid``), whose grid counts every message's records in both
 directions (the SecAgg+ stages included; no transport framing). Accuracy: the clients' mean
 federated accuracy after the last round; with 3 or more seeds, the t-interval over seeds
 (``plasticlm.eval.stats.seed_ci``). Writes bench/results/fednl_privacy.json.
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from plasticlm.config import from_dict
     from plasticlm.eval.stats import seed_ci
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.flower.inprocess import run_in_process
+    from plasticlm.fednl.flower.in_process_grid import run_in_process
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from plasticlm.experiments.fednl.streaming import stream_ce
     from plasticlm.experiments.fednl.variants import ExperimentConfig, Variant, federated_config
     from plasticlm.fednl.build import build_model, tasks_for
-    from plasticlm.fednl.local import local_update
+    from plasticlm.fednl.local_round import local_update
     from plasticlm.fednl.task import NIAHTask
     from plasticlm.fednl.theta import get_theta, set_theta
     from plasticlm.runtime import set_threads

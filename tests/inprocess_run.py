@@ -10,10 +10,10 @@ from flwr.app import MessageType
 from safetensors.torch import load_file
 
 from plasticlm.config import from_dict
-from plasticlm.fednl import build, local
+from plasticlm.fednl import build, local_round
 from plasticlm.fednl.config import RUN_DIR_KEY, FedNLConfig, flower_run_config
 from plasticlm.fednl.flower.client_app import client_app
-from plasticlm.fednl.flower.inprocess import InProcessGrid
+from plasticlm.fednl.flower.in_process_grid import InProcessGrid
 from plasticlm.fednl.flower.messages import unpack_theta
 from plasticlm.fednl.flower.server_app import server_main
 
@@ -56,13 +56,13 @@ def federate(tmp_path_factory, config: dict, counts: tuple[int, ...], run_dir=No
     # every node of the run sees these clients (tasks_for reads build._tasks)
     mp.setattr(build, "_tasks", lambda cfg_json: tasks)
     starts: list[dict] = []
-    real_set_theta = local.set_theta
+    real_set_theta = local_round.set_theta
 
     def set_start(model, theta):   # local_update's only set_theta: the round's starting theta
         starts.append({k: v.detach().float().cpu().clone() for k, v in theta.items()})
         real_set_theta(model, theta)
 
-    mp.setattr(local, "set_theta", set_start)
+    mp.setattr(local_round, "set_theta", set_start)
     run_dir = run_dir or tmp_path_factory.mktemp(cfg.name) / "run"
     run_config = {**flower_run_config(cfg), RUN_DIR_KEY: str(run_dir)}
     try:

@@ -176,7 +176,7 @@ def test_refine_registry_typos_are_refused_with_the_choices(capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# FedNL: federated methods (METHODS), aggregation rules (AGGREGATORS)
+# FedNL: federated methods (FEDERATED_METHODS), aggregation rules (AGGREGATORS)
 # ---------------------------------------------------------------------------------------------
 
 FEDNL_ONE_STEP = ["train.local_steps=1", "train.batch_size=2", "data.max_train=4",
@@ -190,14 +190,14 @@ def test_fednl_every_method_runs_a_local_round_on_the_quick_model():
     from plasticlm.config import preset_path
     from plasticlm.fednl.build import build_model, tasks_for
     from plasticlm.fednl.config import FedNLConfig
-    from plasticlm.fednl.local import local_update
+    from plasticlm.fednl.local_round import local_update
     from plasticlm.fednl.methods import FedMethod
-    from plasticlm.fednl.registries import METHODS
+    from plasticlm.fednl.registries import FEDERATED_METHODS
     from plasticlm.fednl.theta import get_theta
 
-    assert {FedMethod} | _subclasses(FedMethod) == {m for _, m in METHODS.items()}, \
+    assert {FedMethod} | _subclasses(FedMethod) == {m for _, m in FEDERATED_METHODS.items()}, \
         "a FedMethod class is unregistered"
-    for name in METHODS.names():
+    for name in FEDERATED_METHODS.names():
         cfg = load_config(FedNLConfig, None, [f"method.name={name}", *FEDNL_ONE_STEP],
                           preset=preset_path("fednl", "quick"))
         model, tok = build_model(cfg)
@@ -279,7 +279,7 @@ def test_fednl_robust_rules_equal_flowers_strategies(rule):
 
 
 # ---------------------------------------------------------------------------------------------
-# SCoL: the methods compared (METHODS), layer selections (SELECTIONS), rewards (REWARDS)
+# SCoL: the methods compared (SCOL_METHODS), layer selections (SELECTIONS), rewards (REWARDS)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -308,25 +308,25 @@ def test_scol_every_method_fills_its_accuracy_matrix(scol_tiny, tmp_path):
     """Each method of the squad experiment, prepared on a training stream and started from
     its meta-trained policy, fills the lower-triangular accuracy matrix of the evaluation
     stream; a method that commits updates returns one record per context, on its layers."""
-    from plasticlm.scol.baselines import METHODS, Method
+    from plasticlm.scol.baselines import SCOL_METHODS, Method
     from plasticlm.scol.matrix import AccuracyMatrix
     from plasticlm.scol.meta import meta_train
 
     labelled = {c for c in _subclasses(Method) if "label" in vars(c)}
-    assert labelled == {m for _, m in METHODS.items()}, "a SCoL method is unregistered"
+    assert labelled == {m for _, m in SCOL_METHODS.items()}, "a SCoL method is unregistered"
     model, tok, contexts = scol_tiny
     train, stream = [contexts[:1]], contexts[1:]
     cfg = _scol_config()
     policies: dict = {}
-    for _, method in METHODS.items():
+    for _, method in SCOL_METHODS.items():
         if method.policy and method.policy not in policies:
             policies[method.policy] = meta_train(model, tok, train,
-                                                 METHODS[method.policy].meta_config(cfg),
+                                                 SCOL_METHODS[method.policy].meta_config(cfg),
                                                  tmp_path / method.policy, progress=False)
         if method.prepare is not None:
             method.prepare(model, tok, train, cfg, None, policies, {})
     assert 0 <= policies["best_layer"] < 4
-    for name, method in METHODS.items():
+    for name, method in SCOL_METHODS.items():
         assert method.label and set(method.paper) <= {"immediate", "retention"}, name
         mat = AccuracyMatrix(stream)
         records = method.run(name, mat, model, policies, tok, stream, cfg, None)
@@ -335,8 +335,8 @@ def test_scol_every_method_fills_its_accuracy_matrix(scol_tiny, tmp_path):
         if records is not None:
             assert [r.index for r in records] == [0, 1], name
             assert all(r.layers and set(r.layers) <= set(range(4)) for r in records), name
-    assert METHODS["fixed_last"].layers(model, policies) == (3,)
-    assert METHODS["fixed_best"].layers(model, policies) == (policies["best_layer"],)
+    assert SCOL_METHODS["fixed_last"].layers(model, policies) == (3,)
+    assert SCOL_METHODS["fixed_best"].layers(model, policies) == (policies["best_layer"],)
 
 
 def test_scol_every_selection_commits_one_of_its_candidates(scol_tiny):
@@ -413,13 +413,13 @@ def test_scol_config_typos_are_refused_with_the_choices(scol_tiny, capsys):
     from plasticlm.cli import main
     from plasticlm.experiments.scol.calibrate import SweepConfig
     from plasticlm.experiments.scol.setup import ExperimentConfig
-    from plasticlm.scol.baselines import METHODS
+    from plasticlm.scol.baselines import SCOL_METHODS
     from plasticlm.scol.rewards import REWARDS
     from plasticlm.scol.selections import SELECTIONS
     from plasticlm.scol.stream import consolidate_stream
 
     with pytest.raises(PlasticError, match=f"config methods.1: unknown SCoL method 'scoll'; "
-                       f"choose one of {', '.join(METHODS)}"):
+                       f"choose one of {', '.join(SCOL_METHODS)}"):
         load_config(ExperimentConfig, None, ['methods=["scol","scoll"]'])
     with pytest.raises(PlasticError, match=f"config scol.reward: unknown SCoL reward "
                        f"'supervisd'; choose one of {', '.join(REWARDS)}"):

@@ -449,7 +449,7 @@ def test_central_yardstick_trains_on_every_clients_data_for_the_federations_step
     """The central pooled row trains theta once, without Flower, on all seven NIAH clients'
     items for rounds x local steps x clients optimiser steps; its theta is saved and a second
     call loads it."""
-    import plasticlm.experiments.fednl.central as central
+    import plasticlm.experiments.fednl.central_yardstick as central
     from plasticlm.experiments.fednl.variants import federated_config, trained_model, variants
     from plasticlm.fednl.build import tasks_for
     from plasticlm.fednl.theta import get_theta

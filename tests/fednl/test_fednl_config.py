@@ -27,7 +27,7 @@ from plasticlm.fednl.deploy.processes import APP_DIR
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.messages import pack_theta
 from plasticlm.fednl.flower.strategy import ThetaAverage
-from plasticlm.fednl.registries import AGGREGATORS, METHODS
+from plasticlm.fednl.registries import AGGREGATORS, FEDERATED_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ def test_every_experiment_row_is_the_base_run_with_its_overrides(experiment, tmp
 
 
 @pytest.mark.parametrize("setting, choices", [
-    ("method.name=fedavgg", ", ".join(METHODS.names())),
+    ("method.name=fedavgg", ", ".join(FEDERATED_METHODS.names())),
     ("aggregation.rule=meen", ", ".join(AGGREGATORS.names())),
     ("data.split=nope", "'domain', 'dirichlet', 'niah' or 'openbook'"),
     ("memory.mix=x", "'convex' or 'additive'"),

@@ -9,8 +9,8 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import qa_line
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.config_sections import TrainConfig
-from plasticlm.fednl.local import local_update
-from plasticlm.fednl.methods import METHODS, prepare_model
+from plasticlm.fednl.local_round import local_update
+from plasticlm.fednl.methods import FEDERATED_METHODS, prepare_model
 from plasticlm.fednl.replies import reply_problem, weighted_mean
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta, set_theta, trainable
@@ -104,7 +104,7 @@ def _three_rounds(method, tok, task, changes: dict | None = None):
 
 # fednl-personal trains locally exactly as fednl does (it differs in what it sends and keeps:
 # tests/fednl/test_fednl_personal.py), so it is not trained here a second time
-@pytest.mark.parametrize("method", [m for m in METHODS.names() if m != "fednl-personal"])
+@pytest.mark.parametrize("method", [m for m in FEDERATED_METHODS.names() if m != "fednl-personal"])
 def test_local_update_learns_the_clients_answers(method, tok, task):
     """The base knows the four candidates of each question but not the client's answer:
     three local rounds lower the answer loss and lift accuracy above the base's; at
@@ -120,7 +120,7 @@ def test_local_update_learns_the_clients_answers(method, tok, task):
         assert acc_ == acc0_ and not last_ < first_ - 0.05
 
 
-@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize("method", FEDERATED_METHODS.names())
 def test_a_round_on_a_bfloat16_base_trains_float32_theta(method, tok, task):
     """--dtype bfloat16: the frozen base in bfloat16, theta (memory, LoRA) trained in float32
     and sent as float32 CPU tensors; fedavg-full, which trains every weight, keeps float32.
@@ -185,7 +185,7 @@ def test_fedala_weights_stay_in_unit_interval_and_first_round_is_global(tok, tas
 def test_fedala_client_update_takes_a_list_of_batches_as_the_generator(tok, task):
     """The library call (a list of batches, no run config) gives FedALA's round exactly what
     the run's generator gives it: its weights learnt on the first ``fedala.steps`` batches."""
-    from plasticlm.fednl.local import client_update
+    from plasticlm.fednl.local_round import client_update
 
     results = []
     for as_list in (False, True):

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from plasticlm.config import from_dict
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.flower.inprocess import run_in_process
+from plasticlm.fednl.flower.in_process_grid import run_in_process
 
 BASE = {"name": "private", "model": "sandbox-quick:receiver",
         "data": {"source": "sandbox-quick", "split": "dirichlet", "num_clients": 2,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from plasticlm.config import override
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.methods import METHODS, prepare_model
+from plasticlm.fednl.methods import FEDERATED_METHODS, prepare_model
 from plasticlm.memory import attach_memory, detach_memory, save_pretrained
 from plasticlm.models import build_tiny, train_bpe_tokenizer
 
@@ -50,7 +50,7 @@ def _logits(model, ids):
 
 def test_lora_fedavg_adapter_loads_on_a_plain_model_with_its_logits(tok, tmp_path):
     trained = _trained("fedavg", tok)
-    METHODS["fedavg"]().save(trained, tok, tmp_path / "final")
+    FEDERATED_METHODS["fedavg"]().save(trained, tok, tmp_path / "final")
     plain = _base(tok)
     loaded = PeftModel.from_pretrained(plain, tmp_path / "final").eval()
     lora = {n: p for n, p in loaded.named_parameters() if "lora_B" in n}
@@ -64,7 +64,7 @@ def test_lora_fedavg_adapter_loads_on_a_plain_model_with_its_logits(tok, tmp_pat
 
 def test_windowed_full_fedavg_reloads_with_transformers(tok, tmp_path):
     trained = _trained("fedavg-full", tok)
-    METHODS["fedavg-full"]().save(trained, tok, tmp_path / "final")
+    FEDERATED_METHODS["fedavg-full"]().save(trained, tok, tmp_path / "final")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
     short = torch.randint(0, len(tok), (2, WINDOW))
     assert torch.allclose(_logits(reloaded, short), _logits(trained, short), atol=1e-5)

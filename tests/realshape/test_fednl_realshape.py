@@ -10,7 +10,7 @@ from plasticlm.cli import main
 from plasticlm.config import from_dict, override
 from plasticlm.fednl.build import tasks_for
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.local import local_update
+from plasticlm.fednl.local_round import local_update
 from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models.shapes import TESTED_SHAPES

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from plasticlm.config import from_dict, override
 from plasticlm.errors import PlasticError
 from plasticlm.experiments.scol.fisher import layer_fisher, random_recall, recall, top_layers
-from plasticlm.experiments.scol.setup import METHODS
+from plasticlm.experiments.scol.setup import SCOL_METHODS
 from plasticlm.scol.consolidate import (
     LoraTrainConfig,
     adapt_lora,
@@ -213,7 +213,7 @@ def test_cli_squad_experiment_quick(tiny, tmp_path, capsys):
     assert printed[0] == scol.SMOKE_LINE == "smoke run: numbers mean nothing"
     assert printed[1] == (out / "report.md").read_text().splitlines()[0]
     seed = json.loads((out / "seed-0" / "report.json").read_text())
-    assert set(seed["methods"]) == set(METHODS)
+    assert set(seed["methods"]) == set(SCOL_METHODS)
     for name, entry in seed["methods"].items():
         m = entry["matrix_em"]
         assert [len(r) for r in m] == [1, 2, 3]   # lower-triangular, 3 contexts

@@ -224,11 +224,11 @@ def _headlines(run, fednl: dict, refine: dict, scol: dict) -> None:
     verdict the run's own interval gives; what the run does not test, said."""
     from plasticlm.fednl.report import PAPER as FEDNL
     from plasticlm.refine.report import PAPER as REFINE
-    from plasticlm.scol.baselines import METHODS
+    from plasticlm.scol.baselines import SCOL_METHODS
 
     print("== 7. The papers' headlines beside this run (each a different task and scale: "
           "read the verdict, not the numbers side by side) ==")
-    squad = METHODS["scol"].paper
+    squad = SCOL_METHODS["scol"].paper
     rows = [("FedNL", f"NIAH-7, 7 clients, federated: {FEDNL['niah_acc']['fednl']:.1f}% vs "
              f"{FEDNL['niah_acc']['fedala']:.1f}% for FedALA, the best baseline",
              "the memory minus windowed LoRA of the same O(1) state, theta trained centrally",

@@ -109,7 +109,7 @@ def _run(args) -> int:
 def _compare(args) -> int:
     from plasticlm.config import override
     from plasticlm.errors import PlasticError
-    from plasticlm.fednl.registries import METHODS
+    from plasticlm.fednl.registries import FEDERATED_METHODS
     from plasticlm.fednl.report import comparison_table
     from plasticlm.fednl.run import run_federated
 
@@ -118,7 +118,7 @@ def _compare(args) -> int:
     if not names:
         raise PlasticError("--methods names no method; e.g. --methods fednl,fedavg")
     for name in names:
-        METHODS.check(name)
+        FEDERATED_METHODS.check(name)
     summaries = []
     for name in names:
         cfg = override(base, {"name": f"{base.name}-{name}", "method.name": name})

@@ -23,7 +23,7 @@ from plasticlm.eval.encoding import encode_pair, encode_with_bos, pad_batch, pad
 from plasticlm.eval.generation import cut_at_stop, generate_texts
 from plasticlm.eval.multiple_choice import (
     LETTERS,
-    METHODS,
+    MC_METHODS,
     MCConfig,
     MCResult,
     answer_index,
@@ -77,7 +77,7 @@ from plasticlm.eval.vocab import (
 )
 
 __all__ = [
-    "CI", "ClosedSetResult", "ContinuationScore", "LETTERS", "MCConfig", "MCResult", "METHODS",
+    "CI", "ClosedSetResult", "ContinuationScore", "LETTERS", "MCConfig", "MCResult", "MC_METHODS",
     "Perplexity", "QA_TEMPLATE", "SquadResult", "StreamingCE", "SwappedItem", "TokenLosses",
     "answer_index", "bootstrap_ci", "bucket_means", "choice_scores", "chunked_token_losses",
     "closed_set_accuracy", "closed_set_choice", "context_prompt", "cut_at_stop", "encode_pair",

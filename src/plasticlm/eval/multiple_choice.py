@@ -28,7 +28,7 @@ from plasticlm.eval.scoring import score_continuations
 LETTERS = string.ascii_uppercase
 Method = Literal["letters", "continuation", "generate"]
 Normalisation = Literal["sum", "mean"]
-METHODS = typing.get_args(Method)
+MC_METHODS = typing.get_args(Method)
 NORMALISATIONS = typing.get_args(Normalisation)
 
 

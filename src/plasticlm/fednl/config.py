@@ -30,7 +30,7 @@ from plasticlm.fednl.config_sections import (
     TrainConfig,
 )
 from plasticlm.fednl.privacy import PrivacyConfig, privacy_problem
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.outputs import check_folder_name
 
 
@@ -70,7 +70,7 @@ class FedNLConfig:
         if self.train.segment_tokens and self.method.window == 0:
             raise PlasticError("train.segment_tokens carries a windowed state across "
                                "segments: use method.window > 0")
-        if METHODS[self.method.name].memory and self.method.window == 0:
+        if FEDERATED_METHODS[self.method.name].memory and self.method.window == 0:
             raise PlasticError("fednl needs an attention window (method.window > 0): the "
                                "memory holds what falls out of it")
         problem = privacy_problem(self.privacy, self.aggregation.rule, self.aggregation.clip,
@@ -81,7 +81,7 @@ class FedNLConfig:
     def gate_warning(self) -> str | None:
         """A warning when the training budget cannot move fednl's gate logits by 1 (Adam
         moves a parameter by at most about lr per step), else None."""
-        if not METHODS[self.method.name].memory:
+        if not FEDERATED_METHODS[self.method.name].memory:
             return None
         t = self.train
         reach = t.gate_lr * t.local_steps * t.rounds

@@ -16,7 +16,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.fednl.methods.fedala import FedALAConfig
 from plasticlm.fednl.methods.fedprox import FedProxConfig
 from plasticlm.fednl.methods.fedssi import FedSSIConfig
-from plasticlm.fednl.registries import AGGREGATORS, METHODS, SERVER_OPTIMIZERS
+from plasticlm.fednl.registries import AGGREGATORS, FEDERATED_METHODS, SERVER_OPTIMIZERS
 
 
 @configclass
@@ -51,7 +51,7 @@ class DataConfig:
 class MethodConfig:
     """What theta is and what a method adds to the local objective."""
 
-    name: Annotated[str, METHODS.key] = Field("fednl", description="what theta is and how "
+    name: Annotated[str, FEDERATED_METHODS.key] = Field("fednl", description="what theta is and how "
                                               "it trains (fednl/methods/)")
     window: int = Field(64, ge=0, description="attention window in tokens, every method (0 = "
                         "full attention, baselines only): equal O(1) state by default; "

@@ -1,5 +1,5 @@
 """FedNL's extension points, one registry each: what theta is and how a client trains it
-(``METHODS``: :mod:`plasticlm.fednl.methods`), how the server combines the clients' theta
+(``FEDERATED_METHODS``: :mod:`plasticlm.fednl.methods`), how the server combines the clients' theta
 (``AGGREGATORS``: :mod:`plasticlm.fednl.aggregators`) and what turns the round's aggregate
 into theta's step (``SERVER_OPTIMIZERS``: :mod:`plasticlm.fednl.server_opt`).
 
@@ -11,6 +11,6 @@ from __future__ import annotations
 
 from plasticlm.registry import Registry
 
-METHODS = Registry("federated method")
+FEDERATED_METHODS = Registry("federated method")
 AGGREGATORS = Registry("aggregation rule")
 SERVER_OPTIMIZERS = Registry("server optimiser")

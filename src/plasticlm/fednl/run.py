@@ -23,7 +23,7 @@ from plasticlm.fednl.deploy.simulation import end_shared_link, running_link, sha
 from plasticlm.fednl.flower.checkpoint import Checkpointer
 from plasticlm.fednl.flower.stopping import DONE_FILE, ERROR_FILE, StopRequest
 from plasticlm.fednl.flower.strategy import progress_line
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.fednl.report import plot_run, summarise
 from plasticlm.fednl.theta import set_theta
 from plasticlm.models import check_model_source
@@ -236,7 +236,7 @@ def finish(cfg: FedNLConfig, run_dir: Path) -> dict:
     model, tokenizer = build_model(cfg)
     set_theta(model, theta)
     final = run_dir / "final"
-    METHODS[cfg.method.name]().save(model, tokenizer, final)
+    FEDERATED_METHODS[cfg.method.name]().save(model, tokenizer, final)
     summary = summarise(cfg, ck.records(), theta)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_run(ck.records(), run_dir)

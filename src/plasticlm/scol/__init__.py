@@ -3,12 +3,12 @@
 records (contexts, questions, rewards), policy (prompt, grammar-constrained decoding,
 parser), consolidate (LoRA on chosen layers, merge into float32 masters), rewards (the
 ``REWARDS`` registry), selections (``SELECTIONS``: how a context's layers are chosen),
-stream (the inner loop), ipo, meta (the outer loop, checkpoints), baselines (``METHODS``:
+stream (the inner loop), ipo, meta (the outer loop, checkpoints), baselines (``SCOL_METHODS``:
 SCoL and what it is compared with), fisher, experiment (squad | longbench | fisher | sweep |
 gate). The method of "Self-Consolidating Language Models" (SCoL).
 """
 
-from plasticlm.scol.baselines import METHODS
+from plasticlm.scol.baselines import SCOL_METHODS
 from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import LoraTrainConfig, adapt_lora, changed_parameters, layer_change
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
@@ -28,7 +28,7 @@ from plasticlm.scol.selections import SELECTIONS
 from plasticlm.scol.stream import consolidate_stream
 
 __all__ = [
-    "METHODS", "REWARDS", "SELECTIONS", "Context", "LayerGrammar", "LoraTrainConfig", "ParsedAction", "PreferencePair", "Question",
+    "SCOL_METHODS", "REWARDS", "SELECTIONS", "Context", "LayerGrammar", "LoraTrainConfig", "ParsedAction", "PreferencePair", "Question",
     "Reward", "SCoLConfig", "action_prompt", "adapt_lora", "changed_parameters",
     "consolidate_stream", "contexts_from_passages", "format_action", "intrinsic_reward",
     "ipo_loss", "layer_change", "meta_train", "parse_layers", "preference_pairs",

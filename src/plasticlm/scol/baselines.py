@@ -1,9 +1,9 @@
-"""The methods the squad experiment compares, one registered class each (``METHODS``, the
+"""The methods the squad experiment compares, one registered class each (``SCOL_METHODS``, the
 only list of them: ``methods`` in an experiment config names them): SCoL, its controls and
 the baselines on the same streams and budget. Each carries how it runs (it fills the
 accuracy matrix over the evaluation stream), its label in the tables, the meta-trained
 policy it starts from and the paper's numbers where the paper reports it. Add one with
-``@METHODS.register(name)`` on a :class:`Method` subclass.
+``@SCOL_METHODS.register(name)`` on a :class:`Method` subclass.
 
 Besides the methods that commit a LoRA update per context (selections of
 :func:`plasticlm.scol.stream.consolidate_stream`): context in the prompt, a running summary
@@ -33,7 +33,7 @@ from plasticlm.scol.matrix import AccuracyMatrix
 from plasticlm.scol.records import Context
 from plasticlm.scol.stream import StepRecord, consolidate_stream
 
-METHODS: Registry[type[Method]] = Registry("SCoL method")
+SCOL_METHODS: Registry[type[Method]] = Registry("SCoL method")
 
 
 def in_context_prefix(tokenizer, contexts: Sequence[Context], max_tokens: int) -> str:
@@ -148,19 +148,19 @@ class Consolidating(Method):
         return records
 
 
-@METHODS.register("scol")
+@SCOL_METHODS.register("scol")
 class SCoL(Consolidating):
     label = "SCoL (meta-trained policy, greedy)"
     paper = {"immediate": 0.3540, "retention": 0.2046}
     policy = "scol"
 
 
-@METHODS.register("untrained_policy")
+@SCOL_METHODS.register("untrained_policy")
 class UntrainedPolicy(Consolidating):
     label = "untrained policy, greedy"
 
 
-@METHODS.register("fixed_last")
+@SCOL_METHODS.register("fixed_last")
 class FixedLast(Consolidating):
     label = "fixed: last layer"
     selection = "fixed"
@@ -170,7 +170,7 @@ class FixedLast(Consolidating):
         return (num_layers_of(base) - 1,)
 
 
-@METHODS.register("fixed_best")
+@SCOL_METHODS.register("fixed_best")
 class FixedBest(Consolidating):
     label = "fixed: best single layer (train)"
     selection = "fixed"
@@ -186,13 +186,13 @@ class FixedBest(Consolidating):
         return (policies.get("best_layer", 0),)
 
 
-@METHODS.register("scol_random")
+@SCOL_METHODS.register("scol_random")
 class SCoLRandom(Consolidating):
     label = "random layers (same sizes)"
     selection, policy = "random", "scol"
 
 
-@METHODS.register("scol_lambda0")
+@SCOL_METHODS.register("scol_lambda0")
 class SCoLLambda0(Consolidating):
     label = "SCoL lambda = 0"
     paper = {"immediate": 0.3430, "retention": 0.1464}
@@ -206,14 +206,14 @@ class SCoLLambda0(Consolidating):
         return mcfg
 
 
-@METHODS.register("sequential_ft")
+@SCOL_METHODS.register("sequential_ft")
 class SequentialFT(Consolidating):
     label = "sequential fine-tuning (all layers)"
     paper = {"retention": 0.0130}
     selection = "all"
 
 
-@METHODS.register("batch_ttt")
+@SCOL_METHODS.register("batch_ttt")
 class BatchTTT(Method):
     """One training run on all contexts: only the last row exists; the diagonal of a single
     row is its last entry, so immediate is reported from the same run (its final accuracy)."""
@@ -231,7 +231,7 @@ class BatchTTT(Method):
             mat.swap_diag = list(mat.swap_last)
 
 
-@METHODS.register("prompting")
+@SCOL_METHODS.register("prompting")
 class Prompting(Method):
     label = "context in the prompt"
     paper = {"immediate": 0.2817}
@@ -244,7 +244,7 @@ class Prompting(Method):
                         full=_full_row(t, cfg))
 
 
-@METHODS.register("summarisation")
+@SCOL_METHODS.register("summarisation")
 class Summarisation(Method):
     label = "running notes in the prompt"
 

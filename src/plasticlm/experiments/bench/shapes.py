@@ -33,7 +33,7 @@ from plasticlm.data.context_tasks import load_openbook
 from plasticlm.data.squad import load_squad
 from plasticlm.experiments.scol.setup import quick_config, resolve_world_file
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.local import local_update
+from plasticlm.fednl.local_round import local_update
 from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import OpenBookTask
 from plasticlm.fednl.theta import get_theta

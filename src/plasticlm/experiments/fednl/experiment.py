@@ -40,14 +40,14 @@ from plasticlm.eval import (
     seed_ci,
     verdict,
 )
-from plasticlm.experiments.fednl.comm import run_comm_experiment
-from plasticlm.experiments.fednl.gap_lines import (
+from plasticlm.experiments.fednl.communication import run_comm_experiment
+from plasticlm.experiments.fednl.legacy import experiment_config
+from plasticlm.experiments.fednl.paired_gaps import (
     baseline_gaps,
     central_gaps,
     lever_gaps,
     variants_of_fednl,
 )
-from plasticlm.experiments.fednl.legacy import experiment_config
 from plasticlm.experiments.fednl.streaming import run_memory_experiment, run_stream_experiment
 from plasticlm.experiments.fednl.task_table import has_tasks, per_task_table
 from plasticlm.experiments.fednl.variants import (

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from plasticlm.config import Field, configclass, override
 from plasticlm.errors import PlasticError
-from plasticlm.experiments.fednl.central import finished_run, train_central
+from plasticlm.experiments.fednl.central_yardstick import finished_run, train_central
 from plasticlm.experiments.rows import kept, load_rows, resolve, rows_path
 from plasticlm.fednl.build import build_model
 from plasticlm.fednl.clients import has_closed_book_pool
@@ -25,7 +25,7 @@ from plasticlm.fednl.config_sections import (
     TrainConfig,
 )
 from plasticlm.fednl.flower.checkpoint import client_state_root, load_client_state
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.fednl.run import run_federated
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runs import clear_run_folder
@@ -51,7 +51,7 @@ class Variant:
     """One row: overrides of the experiment's base run config (dotted keys), or a control
     (``trained=False``: the base model as prepared, never trained), or the yardstick
     (``central=True``: theta trained centrally on the clients' data pooled,
-    :mod:`plasticlm.experiments.fednl.central`); ``window`` is the row's resolved attention window, for
+    :mod:`plasticlm.experiments.fednl.central_yardstick`); ``window`` is the row's resolved attention window, for
     its tables."""
 
     label: str
@@ -186,5 +186,5 @@ def client_theta(fcfg: FedNLConfig, pid: int, global_theta: dict) -> dict:
     theta, with the client's own share from its state after the last round where the method
     keeps one (``fednl-personal``'s gate)."""
     folder = Path(client_state_root(fcfg, Path(fcfg.outputs.out) / fcfg.name)) / f"client{pid}"
-    return METHODS[fcfg.method.name]().personalise(
+    return FEDERATED_METHODS[fcfg.method.name]().personalise(
         global_theta, load_client_state(folder, fcfg.train.rounds))

@@ -34,7 +34,7 @@ from plasticlm.experiments.scol.setup import (
     swap_names,
 )
 from plasticlm.runs import read_metrics
-from plasticlm.scol.baselines import METHODS
+from plasticlm.scol.baselines import SCOL_METHODS
 from plasticlm.scol.consolidate import num_layers_of
 from plasticlm.scol.contexts import contexts_from_passages, split_streams
 from plasticlm.scol.ipo import pair_accuracy
@@ -47,14 +47,14 @@ from plasticlm.scol.stream import action_stats, consolidate_stream
 def _evaluate_method(name: str, base, policies: dict, tokenizer, stream: Sequence[Context],
                      cfg: ExperimentConfig, replay=None) -> tuple[AccuracyMatrix, list | None]:
     mat = AccuracyMatrix(stream)
-    records = METHODS[name].run(name, mat, base, policies, tokenizer, stream, cfg, replay)
+    records = SCOL_METHODS[name].run(name, mat, base, policies, tokenizer, stream, cfg, replay)
     return mat, records
 
 
 def _policies_needed(cfg: ExperimentConfig) -> list[str]:
     """The meta-trained policies the chosen methods start from (each named after the method
     that owns it), in the registry's order."""
-    return [p for p in METHODS.names() if any(METHODS[m].policy == p for m in cfg.methods)]
+    return [p for p in SCOL_METHODS.names() if any(SCOL_METHODS[m].policy == p for m in cfg.methods)]
 
 
 def same_config(stored: dict | None, cfg: ExperimentConfig) -> bool:
@@ -127,7 +127,7 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
     for name in _policies_needed(cfg):
         t = time.time()
         policies[name] = meta_train(copy.deepcopy(base), tok, train,
-                                    METHODS[name].meta_config(cfg), out / f"meta_{name}",
+                                    SCOL_METHODS[name].meta_config(cfg), out / f"meta_{name}",
                                     progress=progress, replay=replay)
         report["seconds"][f"meta_train_{name}"] = round(time.time() - t, 1)
         report[f"meta_{name}"] = read_metrics(out / f"meta_{name}" / "metrics.jsonl")
@@ -144,9 +144,9 @@ def run_squad_seed(cfg: ExperimentConfig, out: str | Path, progress: bool = True
                 "untrained": pair_accuracy(base, tok, held, cfg.scol.max_layers)}
 
     for name in dict.fromkeys(cfg.methods):   # work on the training streams (fixed_best's)
-        if METHODS[name].prepare is not None:
+        if SCOL_METHODS[name].prepare is not None:
             t = time.time()
-            METHODS[name].prepare(base, tok, train, cfg, replay, policies, report)
+            SCOL_METHODS[name].prepare(base, tok, train, cfg, replay, policies, report)
             report["seconds"][f"choose_{name}"] = round(time.time() - t, 1)
 
     for name in cfg.methods:

@@ -1,27 +1,27 @@
 """SCoL's tables and the paper's numbers: one seed's table, the seed-pooled table with its
-controls (the methods' labels and paper numbers come from their registry, ``METHODS``)."""
+controls (the methods' labels and paper numbers come from their registry, ``SCOL_METHODS``)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
 from plasticlm.eval import format_summary, paired_summary, pooled_bootstrap_ci
-from plasticlm.scol.baselines import METHODS
+from plasticlm.scol.baselines import SCOL_METHODS
 
 # The SCoL paper (Self-Consolidating Language Models; Qwen-scale models, SQuAD, 100 passages,
 # LLM-judge accuracy): each method's numbers, where it reports them, and the Fisher recall.
-PAPER = {**{name: m.paper for name, m in METHODS.items() if m.paper},
+PAPER = {**{name: m.paper for name, m in SCOL_METHODS.items() if m.paper},
          "fisher_recall": {"selected": 0.451, "random": 0.357}}
 
 
 def label(name: str) -> str:
     """How the tables name a method (a name no longer registered stands for itself)."""
-    return METHODS[name].label if name in METHODS else name
+    return SCOL_METHODS[name].label if name in SCOL_METHODS else name
 
 
 def from_policy(name: str) -> bool:
     """Whether a method's layers are chosen by a meta-trained policy (its histogram shows)."""
-    return name in METHODS and METHODS[name].policy is not None
+    return name in SCOL_METHODS and SCOL_METHODS[name].policy is not None
 
 
 def _cells(report: dict, name: str) -> tuple[list[float], list[float]]:
@@ -209,7 +209,7 @@ def squad_markdown(report: dict) -> str:
     lines.append("")
     lines.append(f"Closed-book EM of the untouched model on the evaluation stream: "
                  f"{_pct(report['base_closed_book'])}. Layers: {report['num_layers']}.")
-    for name in filter(from_policy, METHODS.names()):
+    for name in filter(from_policy, SCOL_METHODS.names()):
         if name in report["methods"] and "layer_histogram" in report["methods"][name]:
             lines.append(f"{name} layer histogram: {report['methods'][name]['layer_histogram']}")
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ from plasticlm.sandbox import (
 )
 from plasticlm.sandbox.domains import KINDS, entity_name
 from plasticlm.sandbox.world_index import closed_value_sets, read_world_index
-from plasticlm.scol.baselines import METHODS
+from plasticlm.scol.baselines import SCOL_METHODS
 from plasticlm.scol.config import SCoLConfig
 from plasticlm.scol.consolidate import context_windows, float32_master, pad_of, stack_windows
 
@@ -56,8 +56,8 @@ class ExperimentConfig:
         1, ge=1, description="every n-th row of the accuracy matrix (and the last) asks about "
         "every earlier context; the others ask only their newest one (immediate accuracy). 1 "
         "= the full matrix, whose cost grows with the square of eval_length")
-    methods: tuple[Annotated[str, METHODS.key], ...] = Field(
-        METHODS.names(), min_length=1, description="squad: the methods compared, in order")
+    methods: tuple[Annotated[str, SCOL_METHODS.key], ...] = Field(
+        SCOL_METHODS.names(), min_length=1, description="squad: the methods compared, in order")
     lambda0_outer_steps: int = Field(-1, ge=-1, description="outer steps of the lambda = 0 "
                                      "policy; -1: as many as scol.outer_steps")
     prompt_tokens: int = Field(384, ge=1, description="in-context baselines' token budget")

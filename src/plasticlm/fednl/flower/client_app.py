@@ -24,8 +24,8 @@ from plasticlm.fednl.flower.checkpoint import (
 )
 from plasticlm.fednl.flower.messages import pack_theta, unpack_theta
 from plasticlm.fednl.flower.privacy_client import privacy_mod
-from plasticlm.fednl.local import local_update
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.local_round import local_update
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.fednl.theta import set_theta
 from plasticlm.runtime import dtype_name, set_threads
 
@@ -105,7 +105,7 @@ def client_evaluate(msg: Message, context: Context) -> Message:
     cfg, run_dir, pid, task, model, tokenizer = _client(msg, context)
     rnd = int(msg.content["config"]["server-round"])
     state = _personal_state(context, _state_dir(cfg, run_dir, pid, context), rnd)
-    set_theta(model, METHODS[cfg.method.name]().personalise(unpack_theta(msg.content["arrays"]),
+    set_theta(model, FEDERATED_METHODS[cfg.method.name]().personalise(unpack_theta(msg.content["arrays"]),
                                                             state))
     acc = task.accuracy(model, tokenizer)
     return _reply(msg, None, {"num-examples": len(task.test), "partition-id": pid,

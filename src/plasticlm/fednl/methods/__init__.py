@@ -1,6 +1,6 @@
 """The federated methods: what each trains, sends, and adds to the local objective.
 
-All methods share one client update (:func:`plasticlm.fednl.local.client_update`) and one
+All methods share one client update (:func:`plasticlm.fednl.local_round.client_update`) and one
 aggregation (:mod:`plasticlm.fednl.aggregators`); they differ only in
 
 - which parameters form theta (what trains and what travels): ``fednl`` the memory's
@@ -17,7 +17,7 @@ aggregation (:mod:`plasticlm.fednl.aggregators`); they differ only in
 A method with knobs of its own defines its config class beside it (``FedProxConfig``, like
 PEFT's ``LoraConfig``), and the run config holds it under the method's name
 (``method.fedprox.mu``). A new method is one file here: a :class:`FedMethod` subclass
-decorated ``@METHODS.register("name")``, imported below.
+decorated ``@FEDERATED_METHODS.register("name")``, imported below.
 
 Personalised state (ALA weights, SI importances, previous local theta, fednl-personal's
 gate) is a flat ``dict[str, Tensor]`` that the client keeps; it never travels.
@@ -29,8 +29,8 @@ from plasticlm.fednl.methods.fedprox import FedProx, FedProxConfig
 from plasticlm.fednl.methods.fedssi import FedSSI, FedSSIConfig
 from plasticlm.fednl.methods.full import FedAvgFull
 from plasticlm.fednl.methods.nested import FedNL, FedNLPersonal, is_personal
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 
-__all__ = ["METHODS", "LORA_TARGETS", "FedMethod", "prepare_model", "FedNL", "FedNLPersonal",
+__all__ = ["FEDERATED_METHODS", "LORA_TARGETS", "FedMethod", "prepare_model", "FedNL", "FedNLPersonal",
            "is_personal", "FedAvgFull", "FedProx", "FedProxConfig", "FedALA", "FedALAConfig",
            "ala_initialise", "FedSSI", "FedSSIConfig"]

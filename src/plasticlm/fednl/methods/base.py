@@ -7,7 +7,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from plasticlm.fednl.objective import LocalObjective
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.memory import attach_memory, memory_config, portable_peft_adapter
 
 # The config types (MethodConfig, MemoryOptions, TrainConfig of fednl.config_sections) are not
@@ -19,16 +19,16 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj")
 def prepare_model(model: nn.Module, method, memory) -> nn.Module:
     """Make exactly theta trainable on ``model`` for ``method.name`` (memory or LoRA
     attached in place or wrapped); returns the model to train."""
-    return METHODS[method.name]().prepare(model, method, memory)
+    return FEDERATED_METHODS[method.name]().prepare(model, method, memory)
 
 
-@METHODS.register("fedavg")
+@FEDERATED_METHODS.register("fedavg")
 class FedMethod:
     """A federated method: which parameters form theta, how a round starts, what it adds to
     the local objective, which personal state it keeps. The base is FedAvg over a static
     LoRA on the frozen base's q/k/v, with the same windowed attention as FedNL.
 
-    A new method is one subclass in its own file, decorated ``@METHODS.register("name")``."""
+    A new method is one subclass in its own file, decorated ``@FEDERATED_METHODS.register("name")``."""
 
     memory = False   # whether theta is FedNL's memory (which needs an attention window)
 

@@ -8,7 +8,7 @@ import torch
 from plasticlm.config import Field, configclass
 from plasticlm.fednl.methods.base import FedMethod, keep_local, previous_local
 from plasticlm.fednl.objective import answer_loss
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.fednl.theta import layer_of, set_theta, trainable
 
 
@@ -54,7 +54,7 @@ def ala_initialise(model, global_theta: dict, state: dict, batches, cfg: FedALAC
             else global_theta[n] for n in global_theta}
 
 
-@METHODS.register("fedala")
+@FEDERATED_METHODS.register("fedala")
 class FedALA(FedMethod):
     """FedAvg whose round starts from the global theta mixed into the client's previous
     local theta with learned element-wise weights (:func:`ala_initialise`)."""

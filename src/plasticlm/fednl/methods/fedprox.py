@@ -6,7 +6,7 @@ from __future__ import annotations
 from plasticlm.config import Field, configclass
 from plasticlm.fednl.methods.base import FedMethod
 from plasticlm.fednl.objective import LocalObjective
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 
 
 @configclass
@@ -27,7 +27,7 @@ class Proximal(LocalObjective):
                                  for n, p in params.items())
 
 
-@METHODS.register("fedprox")
+@FEDERATED_METHODS.register("fedprox")
 class FedProx(FedMethod):
     """FedAvg plus (mu/2)||w - w_global||^2 in the local objective."""
 

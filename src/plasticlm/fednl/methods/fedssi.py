@@ -9,7 +9,7 @@ import torch
 from plasticlm.config import Field, configclass
 from plasticlm.fednl.methods.base import FedMethod, keep_local, previous_local
 from plasticlm.fednl.objective import LocalObjective
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 
 
 @configclass
@@ -58,7 +58,7 @@ class SynapticIntelligence(LocalObjective):
             state[f"si.{n}"] = self.importance[n] + self.omega[n].clamp(min=0) / (delta**2 + self.xi)
 
 
-@METHODS.register("fedssi")
+@FEDERATED_METHODS.register("fedssi")
 class FedSSI(FedMethod):
     """FedAvg with a synaptic-intelligence penalty towards a surrogate anchor."""
 

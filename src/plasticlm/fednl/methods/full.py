@@ -7,13 +7,13 @@ import logging
 import torch
 
 from plasticlm.fednl.methods.base import FedMethod, windowed
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.memory import save_base_model
 
 log = logging.getLogger("plasticlm.fednl")
 
 
-@METHODS.register("fedavg-full")
+@FEDERATED_METHODS.register("fedavg-full")
 class FedAvgFull(FedMethod):
     """theta = every weight of the model."""
 

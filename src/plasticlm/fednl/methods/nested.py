@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.methods.base import FedMethod
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.memory import attach_memory, save_pretrained
 
 
-@METHODS.register("fednl")
+@FEDERATED_METHODS.register("fednl")
 class FedNL(FedMethod):
     """theta = the memory's meta-parameters (LoRA for the memory's q/k/v, beta, gate)."""
 
@@ -39,7 +39,7 @@ def is_personal(name: str) -> bool:
     return name.endswith("gate_logit") or ".gate_proj." in name or ".memory_norm." in name
 
 
-@METHODS.register("fednl-personal")
+@FEDERATED_METHODS.register("fednl-personal")
 class FedNLPersonal(FedNL):
     """FedNL's nested split: the rules that write the memory (LoRA, beta, conv) are shared;
     each client's gate and memory norm stay on the client (:func:`is_personal`)."""

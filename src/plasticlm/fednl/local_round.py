@@ -8,7 +8,7 @@ import torch
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.config_sections import MethodConfig, TrainConfig
 from plasticlm.fednl.objective import answer_loss, param_groups, segmented_answer_backward
-from plasticlm.fednl.registries import METHODS
+from plasticlm.fednl.registries import FEDERATED_METHODS
 from plasticlm.fednl.theta import set_theta, trainable
 
 
@@ -16,7 +16,7 @@ def local_update(model, tokenizer, task, global_theta: dict, state: dict,
                  cfg: FedNLConfig, seed: int) -> tuple[dict, dict]:
     """One round of local training on ``task``'s batches for round ``seed``: the run's
     :func:`client_update` (``cfg.method``, ``cfg.train``)."""
-    extra = METHODS[cfg.method.name]().extra_batches(cfg.method)
+    extra = FEDERATED_METHODS[cfg.method.name]().extra_batches(cfg.method)
     batches = task.batches(tokenizer, cfg.train.local_steps + extra, cfg.train.batch_size, seed)
     return client_update(model, batches, global_theta, state, cfg.method, cfg.train)
 
@@ -36,7 +36,7 @@ def client_update(model, batches, global_theta: dict, state: dict, method_cfg: M
     >>> theta, metrics = client_update(model, batches, get_theta(model), {},
     ...                                MethodConfig(name="fednl", window=16), TrainConfig())  # doctest: +SKIP
     """
-    method = METHODS[method_cfg.name]()
+    method = FEDERATED_METHODS[method_cfg.name]()
     batches = iter(batches)   # a list or a generator: FedALA draws its batches first
     # the round runs where the model is: theta, anchors and personal state join it there,
     # and go back to the CPU (the wire, the client's disk) at the end

@@ -21,7 +21,7 @@ from plasticlm.config import override, read_saved_config, save_config
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.build import tasks_for
 from plasticlm.fednl.config import FedNLConfig
-from plasticlm.fednl.local import local_update
+from plasticlm.fednl.local_round import local_update
 from plasticlm.fednl.task import ClientTask
 from plasticlm.fednl.theta import get_theta, set_theta
 from plasticlm.runs import clear_run_folder
