@@ -97,10 +97,16 @@ def from_dict(cls: type[T], data: Any) -> T:
 
 
 def _renamed(cls: type, data: dict) -> dict:
-    renames = getattr(cls, "RENAMED_KEYS", None)
-    if not renames:
+    """``data`` with the renamed keys of ``cls`` and of every section inside it moved."""
+    fields = getattr(cls, "__pydantic_fields__", {})
+    renames = getattr(cls, "RENAMED_KEYS", None) or {}
+    nested = {k: info.annotation for k, info in fields.items()
+              if is_config(info.annotation) and isinstance(data.get(k), dict)}
+    if not renames and not nested:
         return data
     data = copy.deepcopy(data)
+    for key, section in nested.items():
+        data[key] = _renamed(section, data[key])
     for old, new in renames.items():
         *parents, last = old.split(".")
         node = data

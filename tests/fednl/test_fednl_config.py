@@ -184,3 +184,11 @@ def test_the_flat_method_keys_of_earlier_versions_load_as_each_methods_own(caplo
     assert "method.prox_mu is now method.fedprox.mu" in caplog.text
     with pytest.raises(PlasticError, match="method.prox_mu is now method.fedprox.mu, and both"):
         from_dict(FedNLConfig, {"method": {"prox_mu": 0.3, "fedprox": {"mu": 0.1}}})
+
+
+def test_renamed_keys_load_inside_an_experiment_config_too():
+    """The committed experiment results carry the old keys inside ``run``: they still load."""
+    cfg = from_dict(ExperimentConfig, {"run": {"method": {"prox_mu": 0.7},
+                                               "memory": {"conv": 2, "lora": "shared"}}})
+    assert cfg.run.method.fedprox.mu == 0.7
+    assert (cfg.run.memory.conv_size, cfg.run.memory.lora_scope) == (2, "shared")

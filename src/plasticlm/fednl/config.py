@@ -39,7 +39,7 @@ class FedNLConfig:
     """Everything a federated run needs."""
 
     # the flat method knobs of earlier versions, now each method's own config (run folders
-    # saved before the move still resume)
+    # saved before the moves still resume)
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "method.prox_mu": "method.fedprox.mu",
         "method.ala_layers": "method.fedala.layers",
@@ -48,6 +48,10 @@ class FedNLConfig:
         "method.si_c": "method.fedssi.c",
         "method.si_xi": "method.fedssi.xi",
         "method.si_mix": "method.fedssi.mix",
+        # and the memory section's names, now MemoryConfig's
+        "memory.conv": "memory.conv_size",
+        "memory.norm": "memory.memory_norm",
+        "memory.lora": "memory.lora_scope",
     }
 
     name: str = Field("fednl-sandbox", description="the run's folder name under outputs.out")

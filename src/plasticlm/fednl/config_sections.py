@@ -66,21 +66,24 @@ class MethodConfig:
 
 @configclass
 class MemoryOptions:
-    """FedNL's memory branch (ignored by the baselines)."""
+    """FedNL's memory branch (ignored by the baselines): the fields of
+    :class:`plasticlm.memory.MemoryConfig` under the same names, less those the run sets
+    elsewhere (``window``, ``rank`` and ``lora_alpha`` are ``method``'s, shared with the
+    baselines) and with ``layers`` as text (``"all"`` before the model is known)."""
 
     layers: str = Field("all", description="'all' or comma-separated decoder layer indices")
-    conv: int = Field(4, ge=0, description="short causal convolution on q/k/v (DeltaNet's "
+    conv_size: int = Field(4, ge=0, description="short causal convolution on q/k/v (DeltaNet's "
                       "kernel 4); 0 = none")
     gate_init: float = Field(0.0, description="gate logit: 0 gives the memory half of each "
                              "head from the start (at -3 Adam moved it by < 0.1 in a run)")
     mix: Literal["convex", "additive"] = Field("convex", description="how the memory joins "
                                                "the attention, per head")
-    norm: bool = Field(False, description="RMS-normalise each head's memory read")
+    memory_norm: bool = Field(False, description="RMS-normalise each head's memory read")
     recurrent: bool = Field(True, description="false removes the recurrence (a control)")
     gate: Literal["head", "input"] = Field("head", description="a gate logit per head, or "
                                            "per head and token from the input")
     decay: bool = Field(False, description="the gated delta rule (the state forgets)")
-    lora: Literal["memory", "shared"] = Field("memory", description="LoRA on the memory's "
+    lora_scope: Literal["memory", "shared"] = Field("memory", description="LoRA on the memory's "
                                               "q/k/v, or on the q/k/v both branches read")
 
     def __post_init__(self):

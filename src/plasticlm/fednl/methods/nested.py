@@ -23,10 +23,10 @@ class FedNL(FedMethod):
             raise PlasticError("fednl needs an attention window (method.window > 0): the "
                                "memory holds what falls out of it")
         return attach_memory(model, layers=layers, window=cfg.window, rank=cfg.lora_rank,
-                             lora_alpha=cfg.lora_alpha, conv_size=memory.conv,
+                             lora_alpha=cfg.lora_alpha, conv_size=memory.conv_size,
                              gate_init=memory.gate_init, mix=memory.mix,
-                             memory_norm=memory.norm, recurrent=memory.recurrent,
-                             gate=memory.gate, decay=memory.decay, lora_scope=memory.lora)
+                             memory_norm=memory.memory_norm, recurrent=memory.recurrent,
+                             gate=memory.gate, decay=memory.decay, lora_scope=memory.lora_scope)
 
     def save(self, model, tokenizer, folder):
         save_pretrained(model, folder)     # the memory adapter (safetensors + config)
