@@ -9,8 +9,8 @@ docs/sandbox.md ("Recipe experiments") were run by this script.
     python bench/sandbox_v3_recipe.py --smoke   # a few steps of a tiny model, a temp folder
 
 Writes ``--out`` (default ``bench/results/sandbox_v3_recipes/<name>.json``): the arguments,
-the curve (step, wall seconds, accuracy per probe), rewritten at every probe, and at the
-end the mean loss per 50 steps.
+the curve (step, wall seconds, accuracy per probe, the probes' own seconds), rewritten at
+every probe, and at the end the mean loss per 50 steps.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the model's initialisation and the batches' draws (0: the rows' own)")
     ap.add_argument("--n", type=int, default=80, help="items per reading probe")
     ap.add_argument("--mix", default="{}", help="ReadingMix fields as JSON")
     ap.add_argument("--out", default=None)
@@ -80,19 +82,23 @@ def main() -> None:
     mix = _mix(a.mix)
     draw = document_drawer(world, mix, haystack_sentences(world.train_docs), tok)
     hay = haystack_sentences(world.valid_docs)
-    model = build_tiny(a.arch, seed=0, vocab_size=len(tok), hidden_size=a.hidden,
+    model = build_tiny(a.arch, seed=a.seed, vocab_size=len(tok), hidden_size=a.hidden,
                        num_layers=a.layers, num_heads=a.heads, num_kv_heads=a.kv,
                        head_dim=a.hd, intermediate_size=a.inter, max_position_embeddings=2048)
     log: dict = {"args": vars(a), "mix": repr(mix), "curve": []}
     t0 = time.time()
 
     def evaluate(step: int) -> None:
+        t_eval = time.time()
         model.eval()
         with torch.no_grad():
             reading = evaluate_reading(model, tok, world, hay, n=a.n)
             mc = evaluate_world_mc(model, tok, world_dir, "core")["all"]
         row = {"step": step, "wall": round(time.time() - t0), "mc": mc["accuracy"],
-               **{k: v["accuracy"] for k, v in reading.items()}}
+               **{k: v["accuracy"] for k, v in reading.items()},
+               "eval_s": round(time.time() - t_eval),
+               "ci95": {k: [v["low"], v["high"]] for k, v in {"mc": mc, **reading}.items()
+                        if "low" in v}}
         log["curve"].append(row)
         print(json.dumps(row), flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +108,8 @@ def main() -> None:
     def loss_at(step: int) -> torch.Tensor:
         if step and step % a.every == 0:
             evaluate(step)
-        rng = random.Random(step)   # train_lm_segments' draw for seed 0
+        # train_lm_segments' draw (seed 0: the step itself, as every row before r7 drew)
+        rng = random.Random(a.seed * max(7919, a.steps) + step)
         return masked_lm_loss(model, *packed_segment_batch(tok, lambda r: draw(r, step),
                                                            a.batch, a.seq, rng))
 

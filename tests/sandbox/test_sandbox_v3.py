@@ -4,6 +4,7 @@ in its recipe."""
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from plasticlm.data.niah import haystack_sentences
 from plasticlm.eval import closed_set_accuracy
 from plasticlm.models import build_tiny, train_bpe_tokenizer
-from plasticlm.models.pretrain import packed_segment_batch, train_lm_segments
+from plasticlm.models.pretrain import masked_lm_loss, packed_segment_batch, train_lm_segments
 from plasticlm.sandbox import get_preset, preset_dir, pretrain_preset
 from plasticlm.sandbox.pretrain import member_key
 from plasticlm.sandbox.reading import (
@@ -51,6 +52,9 @@ def test_v3_preset_reads_in_every_member_and_v2_stays_the_default():
         assert key["spec"]["reading_share"] > 0, m.name
         assert {k for k, w in key["reading"]["kinds"] if w > 0} == set(KINDS_OF_READING)
         assert key["reading"]["closed_book_share"] > 0
+        # the answers outweigh the world's tokens in the loss: at weight 1 reading never
+        # started beside the world corpus (row r4), at 0.25 it did (r7, docs/sandbox.md)
+        assert 0 < key["reading"]["world_weight"] < 1
     assert preset_dir("sandbox-v3").name == "sandbox-v3"
     assert preset_dir("sandbox").name == "sandbox-v2"
     # v2's definition is untouched: its shipped family still matches its keys.
@@ -137,6 +141,31 @@ def test_packed_segments_keep_each_answer_in_view_of_its_document(world, tok):
                 if m and x not in (tok.bos_token_id, tok.eos_token_id):
                     start = max(i for i in range(t) if row[i] == tok.bos_token_id)
                     assert "Q: Who? A:" in tok.decode(row[start:t]), (seed, t)
+
+
+def test_world_weight_weighs_the_world_documents_in_the_loss(world, tok):
+    """``ReadingMix.world_weight`` gives each world-corpus token that weight against an
+    answer token's 1 (row r7, docs/sandbox.md); at 1 the batches are the bool masks of before."""
+    hay = haystack_sentences(world.train_docs)
+    mix = ReadingMix(share=0.5, kinds=(("stated", 1.0),), context_loss=False)
+    plain = packed_segment_batch(tok, lambda r: document_drawer(world, mix, hay, tok)(r, 0),
+                                 4, 64, random.Random(0))
+    heavy = replace(mix, world_weight=0.25)
+    ids, w = packed_segment_batch(tok, lambda r: document_drawer(world, heavy, hay, tok)(r, 0),
+                                  4, 64, random.Random(0))
+    assert plain[1].dtype == torch.bool and w.dtype == torch.float32
+    assert torch.equal(ids, plain[0]) and torch.equal(w > 0, plain[1])
+    assert {round(x, 4) for x in w.unique().tolist()} == {0.0, 0.25, 1.0}
+    # answers (weight 1) are never world text: they sit between a question and ".\n"
+    model = build_tiny("qwen3", seed=0, vocab_size=len(tok), hidden_size=16, num_layers=1,
+                       num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32)
+    with torch.no_grad():
+        assert masked_lm_loss(model, ids, w > 0).item() == pytest.approx(
+            masked_lm_loss(model, ids, (w > 0).float()).item(), rel=1e-5)
+        assert masked_lm_loss(model, ids, w).item() != pytest.approx(
+            masked_lm_loss(model, ids, w > 0).item(), rel=1e-5)
+    with pytest.raises(ValueError):
+        ReadingMix(world_weight=0.0)
 
 
 class Interrupt(Exception):

@@ -204,7 +204,7 @@ def train_lm_repacked(model, tokenizer, documents: Sequence[str], steps: int, se
                        f"repacked:{checkpoint_key}:{seed}:{seq_len}:{batch_size}")
 
 
-Segments = Sequence[tuple[str, bool]]
+Segments = Sequence[tuple[str, bool | float]]
 
 
 def packed_segment_batch(tokenizer, draw: Callable[[random.Random], Segments], batch_size: int,
@@ -215,34 +215,47 @@ def packed_segment_batch(tokenizer, draw: Callable[[random.Random], Segments], b
     whether token t is a target of the loss (BOS and EOS always are). Each row starts at a
     document's BOS and holds whole documents, the last one cut at the row's end, so every
     target sees its document from the start: a stream cut into rows (as :func:`packed_batch`
-    does) left 89% of open-book answers without their passage at 256 tokens."""
+    does) left 89% of open-book answers without their passage at 256 tokens.
+
+    A segment's ``in_loss`` may also be a float, the weight of its tokens in the loss
+    (:func:`masked_lm_loss`; BOS and EOS weigh 1): then ``in_loss`` comes back as a float
+    tensor of weights, else as a bool tensor."""
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     rows: list[list[int]] = []
-    masks: list[list[bool]] = []
+    masks: list[list[float]] = []
+    weighted = False
     for _ in range(batch_size):
         flat: list[int] = []
-        mask: list[bool] = []
+        mask: list[float] = []
         while len(flat) < seq_len + 1:
             segments = draw(rng)
             encoded = tokenizer([t for t, _ in segments], add_special_tokens=False)["input_ids"]
             flat.append(bos)
-            mask.append(True)
+            mask.append(1.0)
             for ids, (_, in_loss) in zip(encoded, segments):
+                weighted = weighted or not isinstance(in_loss, bool)
                 flat.extend(ids)
-                mask.extend([in_loss] * len(ids))
+                mask.extend([float(in_loss)] * len(ids))
             flat.append(eos)
-            mask.append(True)
+            mask.append(1.0)
         rows.append(flat[:seq_len + 1])
         masks.append(mask[:seq_len + 1])
-    return torch.tensor(rows), torch.tensor(masks)
+    weights = torch.tensor(masks)
+    return torch.tensor(rows), (weights if weighted else weights > 0)
 
 
 def masked_lm_loss(model, tokens: torch.Tensor, in_loss: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the targets ``in_loss`` marks (``[B, T+1]`` each)."""
+    """Mean next-token cross-entropy over the targets ``in_loss`` marks (``[B, T+1]`` each);
+    a float ``in_loss`` weighs each target (the weighted mean, over weights > 0)."""
     device = next(model.parameters()).device
     tokens, in_loss = tokens.to(device), in_loss.to(device)
-    targets = tokens[:, 1:].masked_fill(~in_loss[:, 1:], -100)
     logits = model(tokens[:, :-1]).logits
+    if in_loss.dtype != torch.bool:
+        w = in_loss[:, 1:].float().flatten()
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(),
+                             reduction="none")
+        return (ce * w).sum() / w.sum().clamp_min(1e-8)
+    targets = tokens[:, 1:].masked_fill(~in_loss[:, 1:], -100)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
 

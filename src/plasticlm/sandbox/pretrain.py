@@ -68,6 +68,8 @@ def member_key(p: Preset, spec: ModelSpec) -> str:
     extra = {}
     if spec.reading_share:
         extra["reading"] = asdict(p.reading)
+        if p.reading.world_weight == 1.0:
+            del extra["reading"]["world_weight"]   # keys from before the field stay valid
     else:
         del fields["reading_share"]   # v2's keys (and its shipped family) stay as they were
     return json.dumps({"spec": fields, "world": asdict(p.world), "seq_len": p.seq_len,

@@ -69,6 +69,10 @@ class ReadingMix:
     # linearly to ``1 - share``): switched on at once, they unlearned the copying (100% ->
     # 51% stated in 400 steps).
     ramp_steps: int = 0
+    # Weight of each world-corpus token in the loss, an answer token's being 1: beside the
+    # world from the first step, answers are about one loss token in five and reading did
+    # not start (row r4, docs/sandbox.md); a weight below 1 gives them more of the gradient.
+    world_weight: float = 1.0
 
     def __post_init__(self):
         if not 0.0 <= self.share <= 1.0 or not 0.0 <= self.closed_book_share <= 1.0:
@@ -78,6 +82,8 @@ class ReadingMix:
             if bad or not kinds or any(w < 0 for _, w in kinds):
                 raise ValueError(f"reading kinds must be some of {KINDS_OF_READING} with "
                                  f"weights >= 0, not {kinds}")
+        if not self.world_weight > 0.0:
+            raise ValueError("world_weight must be > 0")
         if self.max_passages < 2 or not 1 <= self.questions[0] <= self.questions[1]:
             raise ValueError("distractors need max_passages >= 2 and questions (least, most) "
                              ">= 1")
@@ -196,8 +202,9 @@ def document_drawer(world: World, mix: ReadingMix, sentences: list[str], tokeniz
     """``draw(rng, step)`` for :func:`plasticlm.models.pretrain.train_lm_segments`: with
     probability ``mix.share`` a reading document, else one of ``docs`` (default the world's
     training corpus) with its statements in a fresh order
-    (:func:`plasticlm.sandbox.passages.shuffle_statements`), all of it in the loss; before
-    ``mix.warmup_steps``, only reading documents of ``mix.warmup_kinds``."""
+    (:func:`plasticlm.sandbox.passages.shuffle_statements`), all of it in the loss (with
+    weight ``mix.world_weight`` when not 1); before ``mix.warmup_steps``, only reading
+    documents of ``mix.warmup_kinds``."""
     closed = closed_book_pairs(world)
     docs = docs if docs is not None else world.train_docs
     warmup = replace(mix, kinds=mix.warmup_kinds, closed_book_share=0.0)
@@ -208,7 +215,8 @@ def document_drawer(world: World, mix: ReadingMix, sentences: list[str], tokeniz
             return [(s.text, s.answer or mix.context_loss) for s in segs]
         ramp = min(1.0, (step - mix.warmup_steps + 1) / mix.ramp_steps) if mix.ramp_steps else 1.0
         if rng.random() < (1.0 - mix.share) * ramp:
-            return [(shuffle_statements(docs[rng.randrange(len(docs))], rng), True)]
+            weight = True if mix.world_weight == 1.0 else mix.world_weight
+            return [(shuffle_statements(docs[rng.randrange(len(docs))], rng), weight)]
         segs = reading_document(world, mix, rng, sentences, tokenizer, closed)
         return [(s.text, s.answer or mix.context_loss) for s in segs]
 
