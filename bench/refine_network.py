@@ -7,8 +7,11 @@ fp8, and reports:
 - accuracy with 95% intervals, and each quantisation against float32 on the same items
   (paired difference and share of identical choices): the codec's cost in accuracy;
 - bytes per transmitted token per quantisation (measured on /prefill payloads);
-- time per step (rephrase, transmitter prefill, transfer, fuse, decode) for c2c vs t2t, and
-  the latency an answer would have over slower links (compute + 20 ms + bytes / bandwidth).
+- like for like: c2c and t2t with one transmitter, multi and t2t with both (the transmitters
+  asked at the same time), beside the receiver alone; time to first token (the receiver's
+  state ready and the choices' first-token distribution out) and time per step (rephrase,
+  transmitter prefill, transfer, fuse, decode), and the latency an answer would have over
+  slower links (compute + 20 ms + bytes / bandwidth).
 
 The fusers are the general ones from `plasticlm refine pretrain-fuser` (default registry
 runs/refine-network/fusers, one per transmitter -> receiver).
@@ -116,14 +119,17 @@ def main() -> None:
     try:
         for u in url.values():
             _wait(u)
-        runs = [("alone", "float32"), ("t2t", "float32")]
-        runs += [(m, q) for m in ("c2c", "multi") for q in QUANTS]
+        # like for like: each cache row beside the text row with the same transmitters
+        n_all = len(transmitters)
+        runs = [("alone", "float32", None), ("t2t", "float32", 1)]
+        runs += [("c2c", q, 1) for q in QUANTS]
+        runs += [("t2t", "float32", n_all)] + [("multi", q, n_all) for q in QUANTS]
         results: dict[str, dict] = {}
-        for mode, quant in runs:
+        for mode, quant, n in runs:
             rows = []
             for q in questions:
                 body = {"prompt": qa_prompt(q.question), "mode": mode,
-                        "choices": list(q.choices), "quant": quant}
+                        "choices": list(q.choices), "quant": quant, "transmitters": n}
                 t0 = time.perf_counter()
                 r = client.post(f"{url['receiver']}/ask", json=body)
                 r.raise_for_status()
@@ -132,11 +138,12 @@ def main() -> None:
                              "choice": out["choice"], "scores": out["scores"],
                              "wire_bytes": out["wire_bytes"],
                              "seconds": out["seconds"], "took_part": out["took_part"],
-                             "client_seconds": time.perf_counter() - t0})
-            results[f"{mode}/{quant}"] = {"mode": mode, "quant": quant, "rows": rows}
+                             "ttft": out["ttft"], "client_seconds": time.perf_counter() - t0})
+            results[_key(mode, n, quant)] = {"mode": mode, "transmitters": n or 0,
+                                             "quant": quant, "rows": rows}
             acc = 100 * statistics.mean(x["correct"] for x in rows)
             ms = 1000 * statistics.median(x["client_seconds"] for x in rows)
-            print(f"{mode:6s} {quant:8s} acc {acc:.1f}%  {ms:.0f} ms", flush=True)
+            print(f"{_key(mode, n, quant):22s} acc {acc:.1f}%  {ms:.0f} ms", flush=True)
         # Bytes per token of a question's cache, and of a long one (20 questions as one
         # text), where the payload's fixed part (header, key scales) is spread thinner.
         texts = {"question": [qa_prompt(q.question) for q in questions[:20]],
@@ -167,14 +174,19 @@ def main() -> None:
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
+def _key(mode: str, n: int | None, quant: str) -> str:
+    return f"{mode} x{n or 0}/{quant}"
+
+
 def summarise(results: dict, per_token: dict, n: int) -> dict:
     rows = []
     for r in results.values():
         correct = [x["correct"] for x in r["rows"]]
-        base = results.get(f"{r['mode']}/float32")
-        entry = {"mode": r["mode"], "quant": r["quant"], "accuracy": _ci(correct),
-                 "took_part": r["rows"][0]["took_part"],
+        base = results.get(_key(r["mode"], r["transmitters"], "float32"))
+        entry = {"mode": r["mode"], "transmitters": r["transmitters"], "quant": r["quant"],
+                 "accuracy": _ci(correct), "took_part": r["rows"][0]["took_part"],
                  "wire_bytes": statistics.mean(x["wire_bytes"] for x in r["rows"]),
+                 "ttft_ms": 1000 * statistics.median(x["ttft"] for x in r["rows"]),
                  "client_ms": 1000 * statistics.median(x["client_seconds"] for x in r["rows"]),
                  "steps_ms": {s: 1000 * statistics.median(x["seconds"].get(s, 0.0)
                                                           for x in r["rows"])
@@ -206,19 +218,25 @@ def markdown(report: dict) -> list[str]:
     lines = [f"Held-out sandbox MC items: {report['items']}; accuracy in %, mean [95% CI]; "
              "'- float32': paired difference on the same items; score change: mean over items of "
              "the largest change of a choice's log-prob (nats); times are medians in ms on loopback "
-             "(2 shared cores, one thread per process); 'total at': the link model, compute + "
-             "20 ms round trip + bytes / bandwidth.", "",
-             "| mode | caches as | took part | accuracy | - float32 | same choice | "
-             "score change | bytes/answer | transmitter | transfer | fuse | decode | total | "
-             + " | ".join(f"total at {s}" for s in speeds) + " |",
-             "|" + "---|" * (13 + len(speeds))]
+             "(2 shared cores, one thread per process); transmitters asked at the same time; "
+             "TTFT: the receiver's state ready and the choices' first-token distribution out, "
+             "beside 'alone'; 'total at': the link model, compute + 20 ms round trip + bytes / "
+             "bandwidth.", "",
+             "| mode | transmitters | caches as | took part | accuracy | - float32 | same choice | "
+             "score change | bytes/answer | TTFT | TTFT / alone | transmitter | transfer | fuse | "
+             "decode | total | " + " | ".join(f"total at {s}" for s in speeds) + " |",
+             "|" + "---|" * (16 + len(speeds))]
+    alone = next((e["ttft_ms"] for e in report["rows"] if e["mode"] == "alone"), None)
     for e in report["rows"]:
         st = e["steps_ms"]
-        cells = [e["mode"], e["quant"], ", ".join(e["took_part"]) or "-", _fmt(e["accuracy"]),
+        cells = [e["mode"], str(e["transmitters"]), e["quant"], ", ".join(e["took_part"]) or "-",
+                 _fmt(e["accuracy"]),
                  _fmt(e["minus_float32"]) if "minus_float32" in e else "-",
                  f"{e['same_choice']:.0f}%" if "same_choice" in e else "-",
                  f"{e['score_change']:.3f}" if "score_change" in e else "-",
-                 f"{e['wire_bytes']:.0f}", f"{st['prefill'] or st['transmitter']:.1f}",
+                 f"{e['wire_bytes']:.0f}", f"{e['ttft_ms']:.0f}",
+                 f"{e['ttft_ms'] / alone:.2f}x" if alone else "-",
+                 f"{st['prefill'] or st['transmitter']:.1f}",
                  f"{st['transfer']:.1f}", f"{st['fuse']:.1f}", f"{st['decode']:.1f}",
                  f"{e['client_ms']:.0f}", *(f"{v:.0f}" for v in e["link_ms"].values())]
         lines.append("| " + " | ".join(cells) + " |")

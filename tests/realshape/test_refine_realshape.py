@@ -44,3 +44,22 @@ def test_fuser_step_then_c2c_answer(receiver_shape, transmitter_shape, dtype, sh
     answer = fr.ask(EXAMPLES[0].prompt, "c2c", max_new_tokens=4, stop=())
     assert isinstance(answer.text, str) and answer.wire_bytes > 0
     assert max(decoded, default=0) < len(receiver.tokenizer)
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b"])
+def test_bytes_per_transmitted_token_at_the_published_depth(shape, shape_model):
+    """What a transmitted token costs on the wire, as the codec sends it (the shape bench's
+    numbers): layers x kv heads x head dim x 2 (K, V) x bytes per value, plus the payload's
+    small fixed part, scaled from the cut model's depth to the published one."""
+    from plasticlm.experiments.bench.shapes import shape_layers, wire_per_token
+    from plasticlm.models.shapes import SHAPES
+
+    model, tok = shape_model(shape)
+    cfg = SHAPES[shape]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_layer = 2 * cfg["num_key_value_heads"] * head_dim     # K and V values a token
+    w = wire_per_token(Peer("t", model, tok), " ".join(["the lantern by the river"] * 40),
+                       shape_layers(shape))
+    for quant, size in (("float32", 4), ("bf16", 2), ("int8", 1)):
+        exact = per_layer * size * w["full_layers"]
+        assert exact <= w["quant"][quant]["at_full_depth"] < 1.1 * exact, quant

@@ -15,6 +15,9 @@ rephraser.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
@@ -48,6 +51,25 @@ def transmit_text(prompt: str, seconds: dict[str, float], private: bool = False,
     return text
 
 
+T = TypeVar("T")
+
+
+def from_every_link(links: list[Link], ask: Callable[[Link, dict[str, float]], T],
+                    seconds: dict[str, float], concurrent: bool = True) -> list[T]:
+    """``ask(link, its_seconds)`` for every link, in the links' order: at the same time (a
+    thread each: a remote transmitter waits on the network, a local one in torch, which
+    releases the GIL) or one after another. A step's seconds add up one after another; at the
+    same time the step takes as long as its slowest transmitter."""
+    if not concurrent or len(links) < 2:
+        return [ask(link, seconds) for link in links]
+    own: list[dict[str, float]] = [{} for _ in links]
+    with ThreadPoolExecutor(len(links), thread_name_prefix="transmitter") as pool:
+        out = list(pool.map(ask, links, own))
+    for step in {s for times in own for s in times}:
+        add_time(seconds, step, max(times.get(step, 0.0) for times in own))
+    return out
+
+
 def _transmit(receiver: Peer, link: Link, text: str, seconds: dict[str, float]):
     c = link.fuser.config
     sent = link.peer.prefill(text, c.draft_tokens if c.mode == "prefix" else 0,
@@ -59,10 +81,12 @@ def _transmit(receiver: Peer, link: Link, text: str, seconds: dict[str, float]):
 
 
 def fused_state(receiver: Peer, prompt: str, links: list[Link], order: str = "parallel",
-                private: bool = False, rephraser: Peer | None = None) -> Prepared:
+                private: bool = False, rephraser: Peer | None = None,
+                concurrent: bool = True) -> Prepared:
     """The receiver's state with every link's cache fused in (aligned or prefix, as the
     links' fusers were trained; aligned: each on the receiver's own cache, ``order``
-    parallel, or on the previous result, sequence)."""
+    parallel, or on the previous result, sequence). The transmitters are asked at the same
+    time unless ``concurrent`` is False."""
     missing = [link.peer.name for link in links if link.fuser is None]
     if missing:
         raise PlasticError(f"transmitter(s) {missing} have no fuser: cache fusion needs "
@@ -73,7 +97,7 @@ def fused_state(receiver: Peer, prompt: str, links: list[Link], order: str = "pa
         raise PlasticError("all transmitters' fusers must use the same fusion mode "
                            f"(got {sorted(modes)})")
     if "prefix" in modes:
-        return prefix_state(receiver, prompt, links, private, rephraser)
+        return prefix_state(receiver, prompt, links, private, rephraser, concurrent)
     if private:
         raise PlasticError("private mode shares caches of a rephrased prompt, which only "
                            "prefix fusers can read; train fusers with mode=prefix")
@@ -85,8 +109,9 @@ def fused_state(receiver: Peer, prompt: str, links: list[Link], order: str = "pa
     n_fused = len(ids) if fuse_last else len(ids) - 1
     own, _ = extract_cache(r.model, as_batch(ids[:n_fused]), model_name=r.name)
     fused, wire, seconds = own, 0, {}
-    for link in links:
-        sent = _transmit(r, link, prompt, seconds)
+    received = from_every_link(links, lambda link, s: _transmit(r, link, prompt, s), seconds,
+                               concurrent)
+    for link, sent in zip(links, received):
         t0 = time.perf_counter()
         receiver_ids, index = align_to_ends(r.tokenizer, prompt, sent.token_ends,
                                             sent.has_bos)
@@ -105,7 +130,7 @@ def fused_state(receiver: Peer, prompt: str, links: list[Link], order: str = "pa
 
 
 def prefix_state(receiver: Peer, prompt: str, links: list[Link], private: bool = False,
-                 rephraser: Peer | None = None) -> Prepared:
+                 rephraser: Peer | None = None, concurrent: bool = True) -> Prepared:
     """The receiver's BOS, then each link's projected cache as extra positions; the prompt
     (private: its rephrasing, for the transmitters) runs after them."""
     r = receiver
@@ -115,8 +140,9 @@ def prefix_state(receiver: Peer, prompt: str, links: list[Link], private: bool =
     text = transmit_text(prompt, seconds, private, rephraser)
     start = 1 if has_bos else 0
     prefixes, wire = [], 0
-    for link in links:
-        sent = _transmit(r, link, text, seconds)
+    received = from_every_link(links, lambda link, s: _transmit(r, link, text, s), seconds,
+                               concurrent)
+    for link, sent in zip(links, received):
         t0 = time.perf_counter()
         p = link.fuser.prefix(sent.cache, r.layout, start=start, skip_first=not sent.first,
                               prompt_length=sent.prompt_tokens - sent.first)

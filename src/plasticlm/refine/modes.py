@@ -26,7 +26,7 @@ from plasticlm.refine.cache import extract_cache
 from plasticlm.refine.decode import Prepared
 from plasticlm.refine.fusers.align import align_tokens
 from plasticlm.refine.fusers.fuser import Fuser
-from plasticlm.refine.fusion import add_time, fused_state, transmit_text
+from plasticlm.refine.fusion import add_time, from_every_link, fused_state, transmit_text
 from plasticlm.refine.link import Link
 from plasticlm.refine.peer import Peer, as_batch, prompt_ids
 from plasticlm.registry import Registry
@@ -47,8 +47,12 @@ class RefineConfig:
     rounds: int = Field(1, ge=1, description="co-c2c: exchanges between the two models")
     t2t_max_new_tokens: int = Field(12, ge=0, description="t2t: tokens each transmitter "
                                     "writes as background")
-    t2t_template: str = Field("{prompt}{background}\n{prompt}", description="t2t: the "
-                              "receiver's prompt with one transmitter's background")
+    t2t_line: str = Field("{prompt}{background}\n", description="t2t: one transmitter's "
+                          "background as the receiver reads it, a line before the prompt (the "
+                          "default states the prompt with the transmitter's answer, the form "
+                          "the sandbox's reading drills teach)")
+    concurrent: bool = Field(True, description="ask the transmitters at the same time (a "
+                             "thread each), not one after another")
 
 
 class Refiner(Protocol):
@@ -64,7 +68,8 @@ class Refiner(Protocol):
 
 def _fused(fr: Refiner, prompt: str, links: list[Link]) -> Prepared:
     c = fr.config
-    return fused_state(fr.receiver, prompt, links, c.order, c.private, fr.rephraser)
+    return fused_state(fr.receiver, prompt, links, c.order, c.private, fr.rephraser,
+                       c.concurrent)
 
 
 class Mode:
@@ -109,8 +114,8 @@ class Alone(Mode):
 
 @MODES.register("t2t")
 class TextToText(Mode):
-    """Each transmitter writes a background line that the receiver reads before the prompt
-    again (``RefineConfig.t2t_template``)."""
+    """Each transmitter writes a background that the receiver reads as a line before the
+    prompt (``RefineConfig.t2t_line``); the transmitters write at the same time."""
 
     reads_caches = False
 
@@ -118,13 +123,15 @@ class TextToText(Mode):
     def prepare(cls, fr, prompt, links):
         seconds: dict[str, float] = {}
         text = transmit_text(prompt, seconds, fr.config.private, fr.rephraser)
+        def write(link, _seconds):
+            return link.peer.generate(text, fr.config.t2t_max_new_tokens, ("\n",))
         t0 = time.perf_counter()
-        backgrounds = [link.peer.generate(text, fr.config.t2t_max_new_tokens, ("\n",))
-                       for link in links]
+        backgrounds = from_every_link(links, write, {}, fr.config.concurrent)
         add_time(seconds, "transmitter", time.perf_counter() - t0)
-        full = prompt
-        for bg in backgrounds:
-            full = fr.config.t2t_template.format(prompt=full, background=bg)
+        # one line per transmitter, then the prompt once (n transmitters: n lines, not a
+        # template nested n times)
+        full = "".join(fr.config.t2t_line.format(prompt=prompt, background=bg)
+                       for bg in backgrounds) + prompt
         prep = alone_state(fr.receiver, full)
         prep.background = backgrounds
         prep.rephrased = [text] if fr.config.private else []

@@ -4,7 +4,10 @@ for the same shape and batch in one run: step time and peak memory, and their ra
 - FedNL: one local training step with the memory (theta = memory LoRA, beta, gate) against
   one LoRA-FedAvg step at the same rank and window;
 - FedRefine: c2c (transmitter prefill, fusion, receiver prefill) against text-to-text
-  (the transmitter writes background, the receiver reads it), to the first token;
+  (the transmitter writes background, the receiver reads it), one transmitter each, to the
+  first token, with the receiver alone beside them; and the bytes a transmitted token costs
+  on the wire in each cache quantisation (the codec's payload, measured at the bench's depth
+  and scaled to the shape's full depth) beside the paper's 88 KB;
 - SCoL: one context consolidated as the best of K candidates against one sequential
   fine-tuning update of every layer.
 
@@ -31,6 +34,7 @@ import torch
 from plasticlm.config import load_config
 from plasticlm.data.context_tasks import load_openbook
 from plasticlm.data.squad import load_squad
+from plasticlm.eval.prompts import context_prompt
 from plasticlm.experiments.scol.setup import quick_config, resolve_world_file
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.local_round import local_update
@@ -38,9 +42,13 @@ from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import OpenBookTask
 from plasticlm.fednl.theta import get_theta
 from plasticlm.models import load_causal_lm
+from plasticlm.models.shapes import SHAPES
 from plasticlm.models.specs import resolve_model
 from plasticlm.refine import FedRefine, Fuser, Link, Peer
 from plasticlm.refine.modes import RefineConfig
+from plasticlm.refine.report import PAPER
+from plasticlm.refine.wire.codec import encode_bundle
+from plasticlm.refine.wire.quant import QUANTS
 from plasticlm.runtime import machine
 from plasticlm.scol.contexts import contexts_from_passages
 from plasticlm.scol.meta import consolidate_stream
@@ -120,22 +128,44 @@ def fednl_row(folder: str, batch: int, dtype: str, device: torch.device) -> dict
 
 
 @torch.no_grad()
-def refine_row(folder: str, dtype: str, device: torch.device, prompts: int = 4) -> dict:
-    """c2c against t2t to the first answer token; the transmitter has the receiver's shape."""
+def refine_row(folder: str, dtype: str, device: torch.device, prompts: int = 4,
+               full_layers: int | None = None) -> dict:
+    """c2c against t2t (one transmitter each) to the first answer token, the receiver alone
+    beside them, and bytes per transmitted token; the transmitter has the receiver's shape."""
     rmodel, tok = load_causal_lm(folder, dtype=dtype, device=device)
     tmodel = copy.deepcopy(rmodel)
     receiver, transmitter = Peer("receiver", rmodel, tok), Peer("transmitter", tmodel, tok)
     fuser = Fuser.for_pair(receiver.layout, transmitter.layout).to(device).eval()
     fr = FedRefine(receiver, [Link(transmitter, fuser)], RefineConfig(t2t_max_new_tokens=12))
     world = resolve_world_file(quick_config(), "squad").parents[1]
-    texts = [it.prompt for it in load_openbook(world / "openbook" / "items.jsonl")[:prompts]]
+    texts = [context_prompt(it.context, it.question)
+             for it in load_openbook(world / "openbook" / "items.jsonl")[:prompts]]
     out = {}
-    for mode in ("c2c", "t2t"):
+    for mode in ("alone", "c2c", "t2t"):
         fr.ask(texts[0], mode, max_new_tokens=1)  # warm-up
         out[mode] = measure(lambda m=mode: [fr.ask(t, m, max_new_tokens=1) for t in texts],
                             device)
-    return _row(f"FedRefine c2c vs t2t, to the first token ({prompts} prompts)", "c2c", "t2t",
-                out["c2c"], out["t2t"])
+    row = _row(f"FedRefine c2c vs t2t, one transmitter each, to the first token ({prompts} "
+               "prompts)", "c2c", "t2t", out["c2c"], out["t2t"])
+    row.update(alone_s=out["alone"][1], c2c_over_alone=out["c2c"][1] / out["alone"][1],
+               t2t_over_alone=out["t2t"][1] / out["alone"][1],
+               wire=wire_per_token(transmitter, " ".join(texts), full_layers))
+    return row
+
+
+def wire_per_token(transmitter: Peer, text: str, full_layers: int | None = None) -> dict:
+    """Bytes per transmitted token of ``text``'s cache (every layer) as the codec sends it, per
+    quantisation: measured at the model's depth and, per layer, scaled to ``full_layers``."""
+    sent = transmitter.prefill(text)
+    layers, tokens = sent.cache.num_layers, sent.cache.length
+    out = {"tokens": tokens, "layers": layers, "full_layers": full_layers or layers,
+           "paper_bytes": PAPER["cache_bytes_per_token"], "quant": {}}
+    for quant in QUANTS:
+        per_token = len(encode_bundle([sent], quant=quant)) / tokens
+        at_full = per_token / layers * (full_layers or layers)
+        out["quant"][quant] = {"measured": per_token, "at_full_depth": at_full,
+                               "paper_over_ours": PAPER["cache_bytes_per_token"] / at_full}
+    return out
 
 
 def scol_row(folder: str, device: torch.device, k: int = 2) -> dict:
@@ -152,6 +182,11 @@ def scol_row(folder: str, device: torch.device, k: int = 2) -> dict:
                 f"scol K={k}", "sequential FT", out["best"], out["all"])
 
 
+def shape_layers(shape: str) -> int:
+    """The published depth of ``shape``."""
+    return SHAPES[shape]["num_hidden_layers"]
+
+
 def run_shape_bench(shape: str, layers: int | None, batch: int = 4, dtype: str = "float32",
                     device: str = "cpu", progress: Callable[[str], None] = print) -> dict:
     """Every method's row at ``shape`` (cut to ``layers``; None = all)."""
@@ -160,7 +195,8 @@ def run_shape_bench(shape: str, layers: int | None, batch: int = 4, dtype: str =
     report = {"shape": shape, "layers": layers or "all", "batch": batch, "dtype": dtype,
               "device": str(dev), "machine": machine(), "rows": []}
     for name, fn in (("fednl", lambda: fednl_row(folder, batch, dtype, dev)),
-                     ("refine", lambda: refine_row(folder, dtype, dev)),
+                     ("refine", lambda: refine_row(folder, dtype, dev,
+                                                   full_layers=shape_layers(shape))),
                      ("scol", lambda: scol_row(folder, dev))):
         progress(f"bench --shape {shape}: {name} ...")
         try:
@@ -176,6 +212,16 @@ def shape_line(r: dict) -> str:
     if "error" in r:
         return f"{r['comparison']}: failed: {r['error']}"
     mem = f"{r['memory_ratio']:.2f}x" if r["memory_ratio"] is not None else "n/a"
-    return (f"{r['comparison']}: {r['ours']} {r['ours_s']:.2f} s, {r['ours_mb']:.0f} MB vs "
+    line = (f"{r['comparison']}: {r['ours']} {r['ours_s']:.2f} s, {r['ours_mb']:.0f} MB vs "
             f"{r['peer']} {r['peer_s']:.2f} s, {r['peer_mb']:.0f} MB: time {r['time_ratio']:.2f}x,"
             f" peak memory {mem}")
+    if "alone_s" in r:
+        line += (f"; receiver alone {r['alone_s']:.2f} s (c2c {r['c2c_over_alone']:.2f}x, t2t "
+                 f"{r['t2t_over_alone']:.2f}x of it)")
+    if "wire" in r:
+        w = r["wire"]
+        line += (f"\n  bytes per transmitted token at {w['full_layers']} layers (measured at "
+                 f"{w['layers']}, {w['tokens']} tokens; paper {w['paper_bytes'] / 1024:.0f} KB): "
+                 + ", ".join(f"{q} {e['at_full_depth'] / 1024:.1f} KB"
+                             for q, e in w["quant"].items()))
+    return line

@@ -42,6 +42,9 @@ class AskRequest(BaseModel):
     private: bool = False
     order: Order = "parallel"
     quant: Quant | None = None    # /ask: how the peers send caches (default: the service's)
+    # t2t and multi: the first n of the receiver's transmitters (default: all), so that a
+    # text row and a cache row can use the same transmitters
+    transmitters: int | None = Field(None, ge=1, le=64)
 
 
 def _tokens(tokenizer, text: str) -> int:

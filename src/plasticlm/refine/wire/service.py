@@ -42,17 +42,19 @@ def guarded(app: FastAPI, config: ServiceConfig) -> ServiceGuard:
 def _result(fr: FedRefine, ask: AskRequest, skipped: list[str]) -> dict:
     """Score or answer ``ask`` with ``fr``; alone (and said so) when no transmitter is left."""
     mode = ask.mode if fr.links or not MODES[ask.mode].uses_links else "alone"
-    out: dict = {"mode": mode, "took_part": [link.peer.name for link in fr.links_for(mode)],
-                 "skipped": skipped}
+    n = getattr(ask, "transmitters", None)
+    out: dict = {"mode": mode, "skipped": skipped,
+                 "took_part": [link.peer.name for link in fr.links_for(mode, n)]}
     if mode != ask.mode:
         out["note"] = "no transmitter took part: the receiver answered alone"
     if ask.choices:
-        s = fr.score(ask.prompt, ask.choices, mode)
+        s = fr.score(ask.prompt, ask.choices, mode, n)
         out.update(choice=ask.choices[s.choice], scores=s.scores, wire_bytes=s.wire_bytes,
-                   seconds=s.seconds, latency=s.latency)
+                   seconds=s.seconds, latency=s.latency, ttft=s.ttft)
     else:
-        a = fr.ask(ask.prompt, mode, ask.max_new_tokens)
-        out.update(answer=a.text, wire_bytes=a.wire_bytes, seconds=a.seconds, latency=a.latency)
+        a = fr.ask(ask.prompt, mode, ask.max_new_tokens, n)
+        out.update(answer=a.text, wire_bytes=a.wire_bytes, seconds=a.seconds, latency=a.latency,
+                   ttft=a.ttft)
         if a.background:
             out["background"] = a.background
     return out
