@@ -11,7 +11,8 @@ from plasticlm.config import from_dict, load_config
 from plasticlm.errors import PlasticError
 
 # ---------------------------------------------------------------------------------------------
-# FedRefine: modes (MODES), fuser kinds (FUSER_KINDS), cache quantisations (QUANTS)
+# FedRefine: modes (MODES), fuser kinds (FUSER_KINDS), fuser objectives (OBJECTIVES), cache
+# quantisations (QUANTS)
 # ---------------------------------------------------------------------------------------------
 
 REFINE_TEXTS = ["Q: Which organ does Kalomira act on? A: liver.",
@@ -128,6 +129,27 @@ def _transmission(layers=3, heads=2, tokens=5, dim=8, seed=0):
                     torch.arange(tokens)[None], torch.ones(1, tokens, dtype=torch.long), "t")
     return Transmission(cache, list(range(1, tokens + 1)), tokens, list(range(layers)),
                         text_digest("a prompt"))
+
+
+def test_refine_every_fuser_objective_trains_a_step(refine_peers):
+    """Each fuser objective (OBJECTIVES) takes one finite training step; the cache ones with
+    a teacher of the receiver's architecture and tokenizer (here the receiver itself), the
+    choice ones on items with choices."""
+    import math
+
+    from plasticlm.refine import Example, FuserTrainConfig, train_fuser
+    from plasticlm.refine.fusers.objectives import OBJECTIVES, needs_teacher
+
+    receiver, transmitter = refine_peers
+    examples = [Example("Q: Which organ does Ofloxin act on? A:", " liver",
+                        choices=("liver", "heart")),
+                Example("Q: Which organ does Renalix act on? A:", " kidney",
+                        choices=("kidney", "lung"))]
+    for name in OBJECTIVES:
+        cfg = FuserTrainConfig(objective=name, epochs=1, batch_size=2, hidden=16)
+        _, losses = train_fuser(receiver, transmitter, examples, cfg, progress=False,
+                                teacher=receiver if needs_teacher(name) else None)
+        assert len(losses) == 1 and math.isfinite(losses[0]), name
 
 
 def test_refine_every_quantisation_round_trips_within_its_tolerance():

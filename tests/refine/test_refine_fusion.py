@@ -370,3 +370,51 @@ def test_co_c2c_does_not_degrade_a_partner(pair):
         assert s.scores == pytest.approx(fr.score(_question(n), ch, "c2c").scores, abs=1e-5)
     alone = _accuracy(FedRefine(specialist), seen, "alone")
     assert partner / len(seen) >= alone - 0.05, (partner / len(seen), alone)
+
+
+def test_choice_kl_moves_the_receiver_toward_the_transmitters_answers(pair):
+    """The federation's objective (no gold label, no oracle): a fuser trained to match the
+    specialist's own distribution over each item's choices brings the receiver's fused
+    distribution toward it on the training items (KL falls to under half of the receiver
+    alone's) and its choices toward the specialist's answers. Fails with a uniform target, or
+    with the KL reading the receiver's distribution as the target."""
+    from plasticlm.refine.fusers.objectives import choice_kl
+    from plasticlm.refine.fusers.prepared import transmitter_choice_probs
+
+    receiver, specialist, _, facts = pair
+    seen, _ = _split(facts)
+    examples = [Example(_question(n), " " + v, choices=tuple(_choices(n, v)))
+                for n, v in seen.items()]
+    cfg = FuserTrainConfig(hidden=32, epochs=30, batch_size=4, lr=3e-3, dropout=0.0,
+                           objective="choice-kl")
+    fuser, losses = train_fuser(receiver, specialist, examples, cfg, progress=False)
+
+    def mean_kl(fr: FedRefine) -> float:
+        out = []
+        for ex in examples:
+            scores = torch.tensor(fr.score(ex.prompt, list(ex.choices), "c2c").scores)
+            out.append(float(choice_kl(transmitter_choice_probs(specialist, ex.prompt,
+                                                                ex.choices), scores)))
+        return sum(out) / len(out)
+
+    zero = Fuser.for_pair(receiver.layout, specialist.layout, hidden=32).eval()
+    before = mean_kl(FedRefine(receiver, [Link(specialist, zero)]))
+    trained = FedRefine(receiver, [Link(specialist, fuser)])
+    after = mean_kl(trained)
+    assert after < 0.5 * before, (before, after)
+    assert _accuracy(trained, seen, "c2c") > _accuracy(trained, seen, "alone") + 0.2
+
+
+def test_choice_kl_needs_choices():
+    from plasticlm.errors import PlasticError
+    from plasticlm.refine.fusers.objectives import choice_kl
+
+    p = torch.tensor([0.7, 0.2, 0.1])
+    assert float(choice_kl(p, torch.log(p))) == pytest.approx(0.0, abs=1e-6)
+    assert float(choice_kl(p, torch.zeros(3))) > 0
+    tok = train_bpe_tokenizer(["Q: Which organ does Ofloxin act on? A: liver."] * 20,
+                              vocab_size=300)
+    peer = Peer("p", build_tiny("qwen3", vocab_size=len(tok)), tok)
+    with pytest.raises(PlasticError, match="choice-kl objective needs multiple-choice"):
+        train_fuser(peer, peer, [Example("Q: Which organ does Ofloxin act on? A:", " liver")],
+                    FuserTrainConfig(objective="choice-kl", epochs=1), progress=False)

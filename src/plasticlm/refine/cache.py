@@ -160,6 +160,16 @@ class KVCache:
         """A fresh ``DynamicCache`` holding these tensors (gradients flow through them)."""
         return build_dynamic_cache(self.keys, self.values)
 
+    def rows(self, index: list[int]) -> KVCache:
+        """The batch rows ``index`` (repeats allowed), in that order."""
+        i = torch.tensor(index, dtype=torch.long)
+
+        def take(x: torch.Tensor) -> torch.Tensor:
+            return x[i.to(x.device)]
+        return replace(self, keys=[take(k) for k in self.keys],
+                       values=[take(v) for v in self.values], token_ids=take(self.token_ids),
+                       positions=take(self.positions), mask=take(self.mask))
+
     def expand(self, n: int) -> KVCache:
         """The batch-1 cache repeated ``n`` times along the batch (for scoring choices)."""
         if self.keys[0].shape[0] != 1:

@@ -14,12 +14,14 @@ from plasticlm.refine.rephrase import rephrase
 
 @dataclass
 class Example:
-    """A prompt, the answer the receiver should continue it with, and optionally the text the
-    transmitter encodes instead of the prompt (a rephrasing)."""
+    """A prompt, the answer the receiver should continue it with, optionally the text the
+    transmitter encodes instead of the prompt (a rephrasing), and the answer choices of a
+    multiple-choice item (``choice-kl`` matches the transmitter's distribution over them)."""
 
     prompt: str
     answer: str
     transmitter_text: str | None = None
+    choices: tuple[str, ...] = ()
 
 
 def general_examples(texts: list[str], n: int, seed: int = 0, max_answer_words: int = 12
@@ -58,5 +60,6 @@ def make_examples(items, prompt_fn, private: bool = False, rephraser: Peer | Non
         if private:
             text = rephrase(prompt, rephraser.model if rephraser else None,
                             rephraser.tokenizer if rephraser else None)[0]
-        out.append(Example(prompt, qa_continuation(q.answer_text.strip()), text))
+        out.append(Example(prompt, qa_continuation(q.answer_text.strip()), text,
+                           tuple(str(c) for c in q.choices)))
     return out

@@ -9,7 +9,13 @@
   divided by ||receiver - teacher||^2 (1.0 for a fuser that adds nothing, 0 when the fused
   cache is the teacher's; by ||teacher||^2 when the teacher is the receiver). It gives a target at every position and layer, where the answer
   loss gives one through a few answer tokens;
-- ``answer+cache``: their sum.
+- ``answer+cache``: their sum;
+- ``choice-kl``: distillation toward the transmitter's own answer, across vocabularies at
+  the level of answers: KL(p_T || p_R) between the transmitter's distribution over a
+  multiple-choice item's choices (softmax of each choice's summed log-probability in its own
+  vocabulary, computed once when the examples are prepared) and the receiver's from the fused
+  cache. It needs no gold answer and no oracle, only a transmitter that knows: the objective
+  a real federation can use (``answer+choice-kl`` adds C2C's answer loss on the labels).
 
 An objective is ``loss(step) -> scalar tensor`` over a :class:`Step` (the receiver, the batch's
 prepared examples and their fused, stacked cache).
@@ -37,11 +43,18 @@ class Step:
     state: KVCache
     batch: list            # prepared.Prepared, with .own and .teacher caches
     answer_loss: Callable[[], torch.Tensor]
+    # per example, [C] the receiver's log-probabilities of its choices from ``state``
+    choice_logprobs: Callable[[], list[torch.Tensor]] | None = None
 
 
 def needs_teacher(name: str) -> bool:
     """Whether objective ``name`` regresses toward a teacher's cache."""
     return "cache" in name.split("+")
+
+
+def needs_choices(name: str) -> bool:
+    """Whether objective ``name`` matches the transmitter's distribution over choices."""
+    return "choice-kl" in name.split("+")
 
 
 @OBJECTIVES.register("answer")
@@ -79,3 +92,21 @@ def answer_and_cache_objective(step: Step) -> torch.Tensor:
 
 
 Objective = Annotated[str, OBJECTIVES.key]
+
+
+def choice_kl(target: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(target || softmax(logprobs)) over one item's choices, both [C]."""
+    target = target.to(logprobs.device)
+    log_q = torch.log_softmax(logprobs, dim=0)
+    return (target * (torch.log(target.clamp_min(1e-12)) - log_q)).sum()
+
+
+@OBJECTIVES.register("choice-kl")
+def choice_kl_objective(step: Step) -> torch.Tensor:
+    scores = step.choice_logprobs()
+    return torch.stack([choice_kl(p.target, s) for p, s in zip(step.batch, scores)]).mean()
+
+
+@OBJECTIVES.register("answer+choice-kl")
+def answer_and_choice_kl_objective(step: Step) -> torch.Tensor:
+    return answer_objective(step) + choice_kl_objective(step)

@@ -10,11 +10,12 @@ import torch
 from tqdm.auto import tqdm
 
 from plasticlm.errors import PlasticError
-from plasticlm.eval import pad_batch
+from plasticlm.eval import encode_pair, pad_batch, pad_id_of, qa_continuation, score_continuations
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.examples import Example
 from plasticlm.refine.fusers.align import align_tokens
 from plasticlm.refine.fusers.fuser import Fuser
+from plasticlm.refine.fusers.objectives import needs_choices
 from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
 
 
@@ -28,11 +29,40 @@ class Prepared:
     start: int | None = None     # position of tail[0] when not right after the cache
     prompt_length: int | None = None  # prefix mode: transmitter tokens before its draft
     teacher: KVCache | None = None    # aligned: the teacher's cache of the positions of own
+    choices: list[list[int]] | None = None   # receiver tokens of each answer choice
+    target: torch.Tensor | None = None       # [C] the transmitter's probabilities of them
+
+
+@torch.no_grad()
+def transmitter_choice_probs(transmitter: Peer, prompt: str, choices: tuple[str, ...]
+                             ) -> torch.Tensor:
+    """[C] the transmitter's own distribution over ``choices`` after ``prompt``: softmax of
+    each `` <choice>``'s summed log-probability, in the transmitter's vocabulary (what a
+    transmitter that knows the answer can give without any oracle)."""
+    pairs = [encode_pair(transmitter.tokenizer, prompt, qa_continuation(c)) for c in choices]
+    scored = score_continuations(transmitter.model, [a for a, _ in pairs], [b for _, b in pairs],
+                                 pad_id_of(transmitter.tokenizer))
+    return torch.softmax(torch.tensor([s.logprob for s in scored]), dim=0)
 
 
 def prepare_example(receiver: Peer, transmitter: Peer, ex: Example, mode: str,
              fuse_last: bool = False, draft_tokens: int = 0,
-             teacher: Peer | None = None) -> Prepared:
+             teacher: Peer | None = None, choice_target: bool = False) -> Prepared:
+    p = _prepare(receiver, transmitter, ex, mode, fuse_last, draft_tokens, teacher)
+    if choice_target:
+        if len(ex.choices) < 2:
+            raise PlasticError(f"example {ex.prompt[:40]!r} has no answer choices: the "
+                               "choice-kl objective needs multiple-choice examples")
+        r_ids = prompt_ids(receiver.tokenizer, ex.prompt)
+        p.choices = [continuation_ids(receiver.tokenizer, r_ids, ex.prompt, qa_continuation(c))
+                     for c in ex.choices]
+        p.target = transmitter_choice_probs(transmitter, ex.transmitter_text or ex.prompt,
+                                            ex.choices)
+    return p
+
+
+def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str, fuse_last: bool,
+             draft_tokens: int, teacher: Peer | None) -> Prepared:
     r_ids = prompt_ids(receiver.tokenizer, ex.prompt)
     answer = continuation_ids(receiver.tokenizer, r_ids, ex.prompt, ex.answer)
     if mode == "aligned":
@@ -115,6 +145,30 @@ def batch_answer_loss(receiver_model, pad_id: int, state: KVCache, batch: list[P
     return torch.stack(losses).mean()
 
 
+def batch_choice_logprobs(receiver_model, pad_id: int, state: KVCache, batch: list[Prepared]
+                          ) -> list[torch.Tensor]:
+    """Per example, [C] the receiver's summed log-probability of each answer choice after
+    running its tail on its row of the stacked ``state``, in one forward over every choice of
+    the batch (the state's rows repeated, one per choice)."""
+    owner = [i for i, p in enumerate(batch) for _ in p.choices]
+    seqs = [p.tail + c[:-1] for p in batch for c in p.choices]
+    ids, mask = pad_batch(seqs, pad_id)
+    rows = state.rows(owner)
+    starts = torch.tensor([batch[i].start if batch[i].start is not None
+                           else int(state.mask[i].sum()) for i in owner])
+    logits = continue_from_cache(receiver_model, rows, ids, mask, start_positions=starts)
+    out, k = [], 0
+    for p in batch:
+        scores = []
+        for c in p.choices:
+            row = logits[k, len(p.tail) - 1: len(p.tail) - 1 + len(c)].float()
+            target = torch.tensor(c, device=row.device)
+            scores.append(torch.log_softmax(row, -1).gather(1, target[:, None]).sum())
+            k += 1
+        out.append(torch.stack(scores))
+    return out
+
+
 def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
                      cfg, progress: bool = False, teacher: Peer | None = None
                      ) -> list[Prepared]:
@@ -126,6 +180,7 @@ def prepare_examples(receiver: Peer, transmitter: Peer, examples: list[Example],
         raise PlasticError(f"the teacher {teacher.name!r} has {teacher.layout.num_layers} "
                            f"layers, the receiver {receiver.layout.num_layers}: a cache "
                            "teacher needs the receiver's architecture")
+    choice_target = needs_choices(cfg.objective)
     return [prepare_example(receiver, transmitter, ex, cfg.mode, cfg.fuse_last, cfg.draft_tokens,
-                     teacher)
+                            teacher, choice_target)
             for ex in tqdm(examples, desc="caches", disable=not progress, leave=False)]

@@ -29,11 +29,18 @@ from plasticlm.refine.examples import Example
 from plasticlm.refine.fusers.align import LayerMap
 from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.fusers.fuser_config import FuserKind, FusionMode, Share
-from plasticlm.refine.fusers.objectives import OBJECTIVES, Objective, Step, needs_teacher
+from plasticlm.refine.fusers.objectives import (
+    OBJECTIVES,
+    Objective,
+    Step,
+    needs_choices,
+    needs_teacher,
+)
 from plasticlm.refine.fusers.prepared import (
     Prepared,
     answer_loss,
     batch_answer_loss,
+    batch_choice_logprobs,
     fused_batch_state,
     fused_state,
     prepare_example,
@@ -72,7 +79,9 @@ class FuserTrainConfig:
                                    "last step (geometric schedule)")
     objective: Objective = Field("answer", description="what the fuser learns "
                                  "(OBJECTIVES): answer (C2C's answer cross-entropy), cache "
-                                 "(regression toward a teacher's cache) or answer+cache")
+                                 "(regression toward a teacher's cache), answer+cache, "
+                                 "choice-kl (the transmitter's own distribution over an "
+                                 "item's choices: no label, no oracle) or answer+choice-kl")
     seed: int = Field(0, description="seed of the fuser's initialisation and batch order")
 
     def __post_init__(self):
@@ -125,6 +134,9 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
         raise PlasticError("no training examples for the fuser")
     if not transmitters:
         raise PlasticError("train_fusers needs at least one transmitter")
+    if len(transmitters) > 1 and needs_choices(cfg.objective):
+        raise PlasticError(f"objective {cfg.objective!r} matches one transmitter's answers; "
+                           "train each transmitter's fuser on its own (train_fuser)")
     if len(transmitters) > 1 and cfg.mode != "aligned":
         raise PlasticError("fusers trained together are summed in parallel, which needs "
                            f"mode=aligned (got {cfg.mode!r})")
@@ -142,6 +154,9 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
         prepared = [prepare_examples(receiver, t, examples, cfg, progress,
                                      teacher if needs_teacher(cfg.objective) else None)
                     for t in transmitters]
+    if needs_choices(cfg.objective) and any(p.target is None for ps in prepared for p in ps):
+        raise PlasticError(f"objective {cfg.objective!r}: the prepared examples have no "
+                           "choice targets (prepare them with this objective)")
     if needs_teacher(cfg.objective) and any(p.teacher is None for ps in prepared for p in ps):
         raise PlasticError(f"objective {cfg.objective!r}: the prepared examples have no "
                            "teacher cache (prepare them with teacher=...)")
@@ -195,6 +210,8 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
                 batch = [prepared[subset[0]][j] for j in rows]
                 loss = OBJECTIVES[cfg.objective](Step(
                     state, batch, lambda b=batch, st=state: batch_answer_loss(
+                        receiver.model, pad_id, st, b),
+                    lambda b=batch, st=state: batch_choice_logprobs(
                         receiver.model, pad_id, st, b)))
                 loss.backward()
                 total = loss.item()
