@@ -134,7 +134,7 @@ def _transmission(layers=3, heads=2, tokens=5, dim=8, seed=0):
 def test_refine_every_fuser_objective_trains_a_step(refine_peers):
     """Each fuser objective (OBJECTIVES) takes one finite training step; the cache ones with
     a teacher of the receiver's architecture and tokenizer (here the receiver itself), the
-    choice ones on items with choices."""
+    choice ones on items with choices, the entity one on items naming their entity."""
     import math
 
     from plasticlm.refine import Example, FuserTrainConfig, train_fuser
@@ -142,9 +142,9 @@ def test_refine_every_fuser_objective_trains_a_step(refine_peers):
 
     receiver, transmitter = refine_peers
     examples = [Example("Q: Which organ does Ofloxin act on? A:", " liver",
-                        choices=("liver", "heart")),
+                        choices=("liver", "heart"), entity="Ofloxin"),
                 Example("Q: Which organ does Renalix act on? A:", " kidney",
-                        choices=("kidney", "lung"))]
+                        choices=("kidney", "lung"), entity="Renalix")]
     for name in OBJECTIVES:
         cfg = FuserTrainConfig(objective=name, epochs=1, batch_size=2, hidden=16)
         _, losses = train_fuser(receiver, transmitter, examples, cfg, progress=False,

@@ -418,3 +418,45 @@ def test_choice_kl_needs_choices():
     with pytest.raises(PlasticError, match="choice-kl objective needs multiple-choice"):
         train_fuser(peer, peer, [Example("Q: Which organ does Ofloxin act on? A:", " liver")],
                     FuserTrainConfig(objective="choice-kl", epochs=1), progress=False)
+
+
+def test_entity_positions_are_the_tokens_of_the_entitys_name(pair):
+    """In either vocabulary, the positions entity-cache regresses at decode to the entity's
+    name and nothing of the words around it."""
+    from plasticlm.refine.fusers.align import entity_positions
+
+    receiver, specialist, _, facts = pair
+    name = sorted(facts)[0]
+    prompt = _question(name)
+    for peer in (receiver, specialist):
+        ids = encode_with_bos(peer.tokenizer, prompt)
+        pos = entity_positions(peer.tokenizer, prompt, name)
+        assert pos == list(range(pos[0], pos[-1] + 1))
+        assert peer.tokenizer.decode([ids[i] for i in pos]).strip() == name
+
+
+def test_entity_cache_closes_the_gap_at_the_entitys_tokens(pair):
+    """Regressing at the entity's tokens toward a teacher (the receiver taught the facts):
+    the share of the cache gap left there falls well below the receiver alone's 1.0."""
+    import copy
+
+    from plasticlm.refine.fusers.objectives import cache_gap, focus_mask
+    from plasticlm.refine.fusers.prepared import fused_state, prepare_example
+
+    receiver, specialist, _, facts = pair
+    seen, _ = _split(facts)
+    teacher_model = copy.deepcopy(receiver.model)
+    _fit_answers(teacher_model, receiver.tokenizer, seen, 60)
+    teacher = Peer("teacher", teacher_model, receiver.tokenizer)
+    examples = [Example(_question(n), " " + v, entity=n) for n, v in seen.items()]
+    cfg = FuserTrainConfig(hidden=32, epochs=30, batch_size=4, lr=3e-3, dropout=0.0,
+                           objective="entity-cache")
+    fuser, losses = train_fuser(receiver, specialist, examples, cfg, progress=False,
+                                teacher=teacher)
+    left = []
+    with torch.no_grad():
+        for ex in examples:
+            p = prepare_example(receiver, specialist, ex, "aligned", teacher=teacher)
+            left.append(float(cache_gap(fused_state(fuser, p, receiver.layout), p.own,
+                                        p.teacher, focus_mask([p]))))
+    assert sum(left) / len(left) < 0.4, left   # measured 0.14; regressing elsewhere: ~0.7

@@ -15,13 +15,15 @@ from plasticlm.refine.rephrase import rephrase
 @dataclass
 class Example:
     """A prompt, the answer the receiver should continue it with, optionally the text the
-    transmitter encodes instead of the prompt (a rephrasing), and the answer choices of a
-    multiple-choice item (``choice-kl`` matches the transmitter's distribution over them)."""
+    transmitter encodes instead of the prompt (a rephrasing), the answer choices of a
+    multiple-choice item (``choice-kl`` matches the transmitter's distribution over them) and
+    the entity the prompt asks about (``entity-cache`` regresses the cache at its tokens)."""
 
     prompt: str
     answer: str
     transmitter_text: str | None = None
     choices: tuple[str, ...] = ()
+    entity: str | None = None
 
 
 def general_examples(texts: list[str], n: int, seed: int = 0, max_answer_words: int = 12

@@ -148,6 +148,22 @@ def token_ends(tokenizer, text: str) -> tuple[list[int], list[int]]:
     return ids, [0] * shift + ends
 
 
+def entity_positions(tokenizer, text: str, entity: str) -> list[int]:
+    """Positions (in ``text``'s ids with one BOS) of the tokens that overlap the first
+    occurrence of ``entity`` in ``text``: where a model reads the entity's name."""
+    start = text.find(entity)
+    if not entity or start < 0:
+        raise PlasticError(f"entity {entity!r} does not occur in {text[:60]!r}")
+    end = start + len(entity)
+    _, ends = token_ends(tokenizer, text)
+    out, begin = [], 0
+    for i, e in enumerate(ends):
+        if e > begin and e > start and begin < end:   # a token spanning [begin, e)
+            out.append(i)
+        begin = max(begin, e)
+    return out
+
+
 def align_to_ends(receiver_tokenizer, text: str, transmitter_ends: list[int],
                   transmitter_bos: bool) -> tuple[list[int], list[int]]:
     """Receiver ids of ``text`` (one BOS) and, for each, the position of a remote transmitter's

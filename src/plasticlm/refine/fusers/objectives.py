@@ -10,6 +10,9 @@
   cache is the teacher's; by ||teacher||^2 when the teacher is the receiver). It gives a target at every position and layer, where the answer
   loss gives one through a few answer tokens;
 - ``answer+cache``: their sum;
+- ``entity-cache``: the cache regression at the tokens of the entity the prompt asks about
+  only (``Example.entity``), where the receiver was measured to use what it knows (a
+  diagnostic and a ceiling: it needs the teacher);
 - ``choice-kl``: distillation toward the transmitter's own answer, across vocabularies at
   the level of answers: KL(p_T || p_R) between the transmitter's distribution over a
   multiple-choice item's choices (softmax of each choice's summed log-probability in its own
@@ -29,6 +32,7 @@ from typing import Annotated
 
 import torch
 
+from plasticlm.errors import PlasticError
 from plasticlm.refine.cache import KVCache, stack_caches
 from plasticlm.registry import Registry
 
@@ -49,7 +53,7 @@ class Step:
 
 def needs_teacher(name: str) -> bool:
     """Whether objective ``name`` regresses toward a teacher's cache."""
-    return "cache" in name.split("+")
+    return any(part in ("cache", "entity-cache") for part in name.split("+"))
 
 
 def needs_choices(name: str) -> bool:
@@ -62,10 +66,13 @@ def answer_objective(step: Step) -> torch.Tensor:
     return step.answer_loss()
 
 
-def cache_gap(state: KVCache, own: KVCache, teacher: KVCache) -> torch.Tensor:
+def cache_gap(state: KVCache, own: KVCache, teacher: KVCache,
+              focus: torch.Tensor | None = None) -> torch.Tensor:
     """sum ||state - teacher||^2 / sum ||own - teacher||^2 over layers, K and V, and the
-    real (unpadded) positions; all three caches ``[B, heads, T, dim]`` per layer, one mask."""
-    mask = own.mask[:, None, :, None].to(state.keys[0].dtype)
+    real (unpadded) positions, or only those where ``focus`` [B, T] is 1; all three caches
+    ``[B, heads, T, dim]`` per layer, one mask."""
+    keep = own.mask if focus is None else own.mask * focus.to(own.mask.device)
+    mask = keep[:, None, :, None].to(state.keys[0].dtype)
     left = gap = energy = torch.zeros((), device=mask.device)
     for ours, base, target in ((state.keys, own.keys, teacher.keys),
                                (state.values, own.values, teacher.values)):
@@ -84,6 +91,27 @@ def cache_objective(step: Step) -> torch.Tensor:
     own = stack_caches([p.own for p in step.batch])
     teacher = stack_caches([p.teacher for p in step.batch])
     return cache_gap(step.state, own, teacher)
+
+
+def focus_mask(batch: list) -> torch.Tensor:
+    """[B, T] 1 at each prepared example's entity positions, left-padded as the stacked
+    caches are (:func:`stack_caches`)."""
+    width = max(p.own.length for p in batch)
+    out = torch.zeros(len(batch), width)
+    for i, p in enumerate(batch):
+        if not p.focus:
+            raise PlasticError("entity-cache needs examples whose entity occurs in the "
+                               "prompt (Example.entity)")
+        pad = width - p.own.length
+        out[i, [pad + j for j in p.focus]] = 1.0
+    return out
+
+
+@OBJECTIVES.register("entity-cache")
+def entity_cache_objective(step: Step) -> torch.Tensor:
+    own = stack_caches([p.own for p in step.batch])
+    teacher = stack_caches([p.teacher for p in step.batch])
+    return cache_gap(step.state, own, teacher, focus_mask(step.batch))
 
 
 @OBJECTIVES.register("answer+cache")

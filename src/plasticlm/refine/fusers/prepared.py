@@ -13,7 +13,7 @@ from plasticlm.errors import PlasticError
 from plasticlm.eval import encode_pair, pad_batch, pad_id_of, qa_continuation, score_continuations
 from plasticlm.refine.cache import KVCache, continue_from_cache, extract_cache, stack_caches
 from plasticlm.refine.examples import Example
-from plasticlm.refine.fusers.align import align_tokens
+from plasticlm.refine.fusers.align import align_tokens, entity_positions
 from plasticlm.refine.fusers.fuser import Fuser
 from plasticlm.refine.fusers.objectives import needs_choices
 from plasticlm.refine.peer import Peer, as_batch, continuation_ids, prompt_ids, transmitter_ids
@@ -29,6 +29,7 @@ class Prepared:
     start: int | None = None     # position of tail[0] when not right after the cache
     prompt_length: int | None = None  # prefix mode: transmitter tokens before its draft
     teacher: KVCache | None = None    # aligned: the teacher's cache of the positions of own
+    focus: list[int] | None = None    # aligned: positions of own at the entity's tokens
     choices: list[list[int]] | None = None   # receiver tokens of each answer choice
     target: torch.Tensor | None = None       # [C] the transmitter's probabilities of them
 
@@ -77,8 +78,12 @@ def _prepare(receiver: Peer, transmitter: Peer, ex: Example, mode: str, fuse_las
                                    "unlike the receiver: a cache teacher needs the receiver's "
                                    "tokenizer")
             target, _ = extract_cache(teacher.model, as_batch(r_ids[:n]))
+        focus = None
+        if ex.entity:
+            focus = [i for i in entity_positions(receiver.tokenizer, ex.prompt, ex.entity)
+                     if i < n]
         return Prepared(own, t_cache, torch.tensor([al.index[:n]]), r_ids[-1:], answer,
-                         len(r_ids) - 1, teacher=target)
+                         len(r_ids) - 1, teacher=target, focus=focus)
     if teacher is not None:
         raise PlasticError("a cache teacher needs mode=aligned (prefix positions have no "
                            "teacher counterpart)")

@@ -79,7 +79,8 @@ class FuserTrainConfig:
                                    "last step (geometric schedule)")
     objective: Objective = Field("answer", description="what the fuser learns "
                                  "(OBJECTIVES): answer (C2C's answer cross-entropy), cache "
-                                 "(regression toward a teacher's cache), answer+cache, "
+                                 "(regression toward a teacher's cache), entity-cache (only "
+                                 "at the entity's tokens), answer+cache, "
                                  "choice-kl (the transmitter's own distribution over an "
                                  "item's choices: no label, no oracle) or answer+choice-kl")
     seed: int = Field(0, description="seed of the fuser's initialisation and batch order")
@@ -154,6 +155,10 @@ def train_fusers(receiver: Peer, transmitters: list[Peer], examples: list[Exampl
         prepared = [prepare_examples(receiver, t, examples, cfg, progress,
                                      teacher if needs_teacher(cfg.objective) else None)
                     for t in transmitters]
+    if "entity-cache" in cfg.objective.split("+") and any(
+            not p.focus for ps in prepared for p in ps):
+        raise PlasticError(f"objective {cfg.objective!r} needs each example's entity "
+                           "(Example.entity, a name that occurs in its prompt)")
     if needs_choices(cfg.objective) and any(p.target is None for ps in prepared for p in ps):
         raise PlasticError(f"objective {cfg.objective!r}: the prepared examples have no "
                            "choice targets (prepare them with this objective)")
