@@ -771,3 +771,22 @@ def test_closed_set_retention_sees_a_fact_the_model_was_taught():
     after.add_row(model.eval(), tok, len(contexts) - 1)
     assert after.mc_last[-1] == 1.0 and after.mc_diag[-1] == 1.0
     assert before.mc_last[-1] < 1.0
+
+
+def test_sequential_ft_without_replay_replays_nothing(monkeypatch):
+    """The paper's forgetting baseline trains on the context alone; the replaying row and
+    every other consolidating row get the generic-text pool."""
+    import plasticlm.scol.baselines as baselines
+
+    seen = {}
+
+    def fake(model, tokenizer, stream, scfg, selection, **kw):
+        seen[kw["desc"]] = kw["replay"]
+        return None, [], None
+    monkeypatch.setattr(baselines, "consolidate_stream", fake)
+    pool = torch.zeros(2, 3, 4, dtype=torch.long)
+    cfg = type("Cfg", (), {"scol": None, "full_rows_every": 1})()
+    for name in ("sequential_ft", "sequential_ft_no_replay"):
+        baselines.SCOL_METHODS[name].run(name, None, torch.nn.Linear(1, 1), {}, None, [], cfg,
+                                         pool)
+    assert seen["sequential_ft"] is pool and seen["sequential_ft_no_replay"] is None

@@ -213,6 +213,18 @@ class SequentialFT(Consolidating):
     selection = "all"
 
 
+@SCOL_METHODS.register("sequential_ft_no_replay")
+class SequentialFTNoReplay(SequentialFT):
+    """The paper's forgetting baseline as it runs it: every layer, and no generic text
+    replayed beside the context (the other rows replay ``scol.replay`` windows)."""
+
+    label = "sequential fine-tuning (all layers), no replay"
+
+    @classmethod
+    def run(cls, name, mat, base, policies, tokenizer, stream, cfg, replay):
+        return super().run(name, mat, base, policies, tokenizer, stream, cfg, None)
+
+
 @SCOL_METHODS.register("batch_ttt")
 class BatchTTT(Method):
     """One training run on all contexts: only the last row exists; the diagonal of a single
