@@ -25,7 +25,8 @@ test: $(STAMP)
 # their reference, configs and registries' refusals, the light CLI, the docs' links, exports
 FAST := tests/test_structure.py tests/memory/test_memory_ops.py tests/eval/test_eval_prompts.py \
 	tests/data/test_data_partition.py tests/fednl/test_fednl_config.py tests/scol/test_scol_config.py \
-	tests/refine/test_refine_config.py tests/test_cli_light.py tests/test_docs.py tests/memory/test_memory_export.py
+	tests/refine/test_refine_config.py tests/test_cli_light.py tests/test_docs.py tests/memory/test_memory_export.py \
+	tests/experiments/test_experiment_rows.py
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(FAST)
 
