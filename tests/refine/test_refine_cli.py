@@ -140,3 +140,16 @@ def test_transfer_results_give_each_difference_its_interval_over_seeds():
     table = transfer_table({"probe_gate": {"rows": []}, "results": results, "n_eval": 4,
                             "test_entities": 4})
     assert "25.0 [" in table and "(seeds [" in table
+
+
+def test_ask_names_the_peers_that_could_not_be_reached(tmp_path, capsys):
+    """A cache mode whose every --peer is down is refused naming each of them, not as if no
+    transmitter had been given."""
+    from plasticlm.cli import main
+
+    (tmp_path / "fusers").mkdir()
+    assert main(["refine", "ask", "Q: Which organ does Ofloxin act on? A:", "--receiver",
+                 "quick:receiver", "--peer", "http://127.0.0.1:9", "--registry",
+                 str(tmp_path / "fusers"), "--mode", "c2c", "--timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "none given could be reached: http://127.0.0.1:9" in err and "none given)" not in err

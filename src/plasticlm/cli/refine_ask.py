@@ -251,6 +251,9 @@ def _ask(args) -> int:
                 skipped.append(str(e))
         links = [Link(p, fusers.fuser(p.name, receiver.name) if fusers else None)
                  for p in peers]
+        if not links and skipped and MODES[args.mode].uses_links:
+            raise PlasticError(f"mode {args.mode!r} needs a transmitter, and none given could "
+                               "be reached: " + "; ".join(skipped))
     else:
         if len(args.transmitter) != len(args.fuser):
             raise PlasticError(f"{len(args.transmitter)} --transmitter but {len(args.fuser)} "

@@ -39,6 +39,38 @@ def check_model_source(name_or_path: str | Path) -> None:
     if path.is_absolute() or text.startswith((".", "~")) or text.count("/") != 1:
         raise PlasticError(f"model folder {clip(text)} does not exist (and it is not a hub id "
                            "such as Qwen/Qwen2.5-0.5B)")
+    check_hub_id(text)
+
+
+# seconds the hub may take to answer whether it holds a model, once, with no retries
+HUB_TIMEOUT_S = 10.0
+
+
+def hub_offline() -> bool:
+    """Whether the user switched the Hugging Face hub off (``HF_HUB_OFFLINE``)."""
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_hub_id(repo: str) -> None:
+    """Refuse, within seconds and before any work, a hub id whose model cannot be had: not in
+    the local Hugging Face cache while the hub is offline (``HF_HUB_OFFLINE``) or cannot be
+    reached, or no such (or no accessible) model. One request, no retries; transformers would
+    retry for most of a minute."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return
+    fix = (f"download it on a connected machine (`huggingface-cli download {repo} --local-dir "
+           "DIR`) and pass DIR instead")
+    if hub_offline():
+        raise PlasticError(f"model {repo} is a hub id that is not in the local Hugging Face "
+                           f"cache, and the hub is off (HF_HUB_OFFLINE): {fix}")
+    try:
+        get_hf_file_metadata(hf_hub_url(repo, "config.json"), timeout=HUB_TIMEOUT_S)
+    except Exception as e:   # unreachable, no such model, gated: each refused the same way
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise PlasticError(f"model {repo} is not a local folder and the Hugging Face hub did "
+                           f"not give its config.json ({reason}): {fix}") from None
 
 
 def _rope_values(value, where: str):
@@ -87,10 +119,9 @@ def load_causal_lm(name_or_path: str | Path, dtype=None, device=None):
     except (OSError, ValueError):   # a name too long for a path: refused there, in one line
         check_model_source(name_or_path)
         raise
-    if is_local:
-        check_model_source(path)
+    check_model_source(path if is_local else name_or_path)   # a hub id: asked once, now
     source = str(path) if is_local else str(name_or_path)
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    offline = hub_offline()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=is_local or offline)
         # use_kernels=False: transformers would otherwise fetch layer kernels from the hub
