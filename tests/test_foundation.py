@@ -360,3 +360,18 @@ def test_scol_follows_the_commands_thread_policy_unless_its_config_names_one(mon
         assert torch.get_num_threads() == 2
         scol_setup.load_model(dataclasses.replace(quick_config(), threads=1))
         assert torch.get_num_threads() == 1
+
+
+def test_package_metadata_says_who_what_and_that_it_is_typed():
+    """The distribution carries authors, classifiers and keywords, and ships py.typed (PEP
+    561) so that type checkers read plasticlm's annotations."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    meta = project["project"]
+    assert meta["authors"] and meta["keywords"]
+    assert "Typing :: Typed" in meta["classifiers"]
+    assert (root / "src" / "plasticlm" / "py.typed").is_file()
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["plasticlm"]
