@@ -117,7 +117,7 @@ def test_report_leaves_out_model_folders_and_follows_the_run_order(run_dir):
     assert "Model Card" not in text and "consolidated" not in text
     assert text.index("<code>fednl</code>") < text.index("<code>scol</code>") \
         < text.index("<code>refine</code>")
-    assert "<h3>Scol table</h3>" in text and "scol_table.md" not in text
+    assert "<h3>SCoL table</h3>" in text and "scol_table.md" not in text
 
 
 def test_tensorboard_export_holds_every_metric_of_every_record(tmp_path, capsys):
@@ -142,3 +142,24 @@ def test_tensorboard_export_holds_every_metric_of_every_record(tmp_path, capsys)
         [(1, 0.1), (2, 0.2), (3, 0.3)]
     meta = EventAccumulator(str(run.path / "tensorboard" / "meta_scol")).Reload()
     assert [round(e.value, 6) for e in meta.Scalars("loss")] == [1.0, 0.5, 0.333333, 0.25]
+
+
+def test_a_smoke_run_says_so_and_names_read_as_written(run_dir):
+    """A --quick run's page and markdown carry the smoke warning the terminal prints; headings
+    write FedNL, SCoL and stories260K as they are written; a page of several sections opens
+    with a table of contents that links each; the run's own section names its folder."""
+    (run_dir / "fednl").mkdir()
+    (run_dir / "fednl" / "scol_report.md").write_text(TABLE)
+    page, md = write_report(run_dir)
+    text, mdtext = page.read_text(), md.read_text()
+    assert "numbers mean nothing" in text and "numbers mean nothing" in mdtext
+    assert "FedNL" in text and "SCoL report" in text and "Fednl" not in text
+    assert '<nav><h2>Contents</h2>' in text and 'href="#s-fednl"' in text
+    assert 'id="s-fednl"' in text
+    assert "The run (`.`)" not in mdtext and f"The run (`{run_dir.name}`)" in mdtext
+
+
+def test_a_full_run_has_no_smoke_warning(run_dir):
+    (run_dir / "config.json").write_text(json.dumps({"quick": False}))
+    page, _ = write_report(run_dir)
+    assert "numbers mean nothing" not in page.read_text()

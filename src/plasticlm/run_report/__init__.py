@@ -20,51 +20,15 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from plasticlm.config_files import loads_json
 from plasticlm.errors import PlasticError
 from plasticlm.outputs import prepare_output, read_marker
+from plasticlm.run_report.page import CHECK, ERRORS, STYLE
 from plasticlm.runs import read_metrics, write_text_atomic
 
 REPORT_NAMES = ("index.html", "index.md")
 REPORT_FOLDER = "report"   # RUN/report/: the report's own marked folder
 PACKAGES = ("plasticlm", "torch", "transformers", "peft", "flwr")
-# Written by the page itself once the browser has loaded it: what rendered.
-# Errors are counted from the first script on; overflow = anything wider than the window.
-_ERRORS = "<script>window.__errors = 0; window.addEventListener('error', () => window.__errors++);" \
-    "</script>"
-_CHECK = """<script>
-window.addEventListener('load', () => {
-  const images = [...document.images];
-  const ok = images.filter(i => i.complete && i.naturalWidth > 0).length;
-  const el = document.getElementById('render-check');
-  // what sticks out of the page (inside a scrolling table box or code block is fine)
-  const width = document.documentElement.clientWidth + 1;
-  // an element past the window's edge, or whose own text runs out of its box (a long path
-  // in a heading widens the page without any element doing so)
-  const sticking = [...document.body.querySelectorAll('*')].filter(
-    e => !e.closest('.wide, pre') && (e.getBoundingClientRect().right > width
-      || (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX === 'visible')));
-  const wide = sticking.length + (document.documentElement.scrollWidth > width ? 1 : 0);
-  // which elements, for the one who reads a failed check
-  el.dataset.overflowWhat = sticking.slice(0, 5).map(
-    e => e.tagName.toLowerCase() + ':' + e.textContent.slice(0, 60)).join(' | ');
-  el.dataset.tables = document.querySelectorAll('table').length;
-  el.dataset.images = images.length;
-  el.dataset.imagesRendered = ok;
-  el.dataset.overflowing = wide;
-  el.dataset.errors = window.__errors;
-  el.textContent = `rendered: ${el.dataset.tables} tables, ${ok} of ${images.length} plots`;
-});
-</script>"""
-_STYLE = """<style>
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-img { max-width: 100%; box-sizing: border-box; border: 1px solid #eee; margin: 0.5em 0; }
-.wide { overflow-x: auto; max-width: 100%; } code, h1, h2, h3, p, li { overflow-wrap: anywhere; }
-pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
-section { border-top: 2px solid #ddd; margin-top: 2em; } .meta td:first-child { font-weight: 600; }
-</style>"""
 
 
 def _inline(text: str) -> str:
@@ -208,10 +172,41 @@ def _sections(root: Path) -> list[Path]:
     return keep
 
 
+# names a folder or file holds in lower case, as they are written
+PROPER = {"fednl": "FedNL", "scol": "SCoL", "refine": "FedRefine", "mmlu": "MMLU",
+          "niah": "NIAH", "c2c": "C2C", "t2t": "T2T", "ipo": "IPO", "lora": "LoRA",
+          "stories260k": "stories260K", "squad": "SQuAD", "mqar": "MQAR", "kv": "KV"}
+
+
 def _title(path: Path) -> str:
-    """A file's or folder's name as a title: ``scol_report.md`` -> ``Scol report``."""
-    words = path.stem.replace("_", " ").replace("-", " ").strip()
-    return words[:1].upper() + words[1:]
+    """A file's or folder's name as a title: ``scol_report.md`` -> ``SCoL report``."""
+    words = [PROPER.get(w.lower(), w) for w in
+             path.stem.replace("_", " ").replace("-", " ").split()]
+    if words and words[0] not in PROPER.values():
+        words[0] = words[0][:1].upper() + words[0][1:]
+    return " ".join(words)
+
+
+SMOKE = "smoke run (--quick, tiny models, a few items): numbers mean nothing"
+
+
+def _smoke(root: Path) -> bool:
+    """Whether the run is a smoke run: its config says ``quick``, or a config inside names
+    the quick sandbox family."""
+    for config in [root / "config.json", *root.glob("*/**/config.json")]:
+        try:
+            text = config.read_text(encoding="utf-8")
+            if config.parent == root and loads_json(text).get("quick") is True:
+                return True
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            continue
+        if '"sandbox-quick' in text or '"quick:' in text:
+            return True
+    return False
+
+
+def _anchor(name: str) -> str:
+    return "s-" + "".join(c if c.isalnum() else "-" for c in name)
 
 
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:
@@ -229,18 +224,29 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     prov = provenance(root)
     md = [f"# Run report: {root}", "", f"Written {prov['written']}; commit {prov['commit']}; "
           + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()) + ".", ""]
+    smoke = _smoke(root)
+    if smoke:
+        md[2:2] = [f"**{SMOKE}**", ""]
     body = [f"<h1>Run report: {html.escape(str(root))}</h1>",
+            *([f'<p class="smoke"><strong>{html.escape(SMOKE)}</strong></p>'] if smoke else []),
             '<p id="render-check">rendered: (open in a browser)</p>',
             '<table class="meta">' + "".join(
                 f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
                 for k, v in [("commit", prov["commit"]), ("written", prov["written"]),
                              *prov["versions"].items()]) + "</table>"]
+    def named(folder: Path) -> tuple[str, str]:
+        if folder == root:
+            return "The run", root.name
+        return (" / ".join(_title(Path(x)) for x in folder.relative_to(root).parts),
+                str(folder.relative_to(root)))
+    if len(folders) > 1:   # a table of contents for a long page
+        items = "".join(f'<li><a href="#{_anchor(n)}">{html.escape(t_)}</a></li>'
+                        for t_, n in map(named, folders))
+        body.append(f'<nav><h2>Contents</h2><ul>{items}</ul></nav>')
     for folder in folders:
-        name = "." if folder == root else str(folder.relative_to(root))
-        title = "The run" if folder == root else " / ".join(
-            _title(Path(x)) for x in folder.relative_to(root).parts)
-        body.append(f"<section><h2>{html.escape(title)} <small><code>{html.escape(name)}"
-                    "</code></small></h2>")
+        title, name = named(folder)
+        body.append(f'<section id="{_anchor(name)}"><h2>{html.escape(title)} <small><code>'
+                    f"{html.escape(name)}</code></small></h2>")
         md += [f"## {title} (`{name}`)", ""]
         times = _times(folder)
         if times:
@@ -266,7 +272,7 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
                    "```", "", "</details>", ""]
         body.append("</section>")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>plasticlm run report: "
-            f"{html.escape(str(root))}</title>{_STYLE}{_ERRORS}</head><body>" + "\n".join(body)
-            + _CHECK + "</body></html>\n")
+            f"{html.escape(str(root))}</title>{STYLE}{ERRORS}</head><body>" + "\n".join(body)
+            + CHECK + "</body></html>\n")
     return (write_text_atomic(out / "index.html", page),
             write_text_atomic(out / "index.md", "\n".join(md).rstrip() + "\n"))
