@@ -201,6 +201,21 @@ def test_fedala_client_update_takes_a_list_of_batches_as_the_generator(tok, task
     assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
 
 
+def test_fedala_answers_with_its_personalised_model():
+    """FedALA's client answers (is scored) with the global theta mixed into its last local
+    theta by its learned weights, not with the global theta; before it has trained, global."""
+    from plasticlm.fednl.methods import FedALA
+
+    g = {"model.layers.1.q.lora_A": torch.full((2,), 4.0), "model.layers.0.q.lora_A": torch.ones(2)}
+    assert FedALA().personalise(g, {}) is g
+    state = {"local.model.layers.1.q.lora_A": torch.zeros(2),
+             "local.model.layers.0.q.lora_A": torch.zeros(2),
+             "ala.model.layers.1.q.lora_A": torch.tensor([0.25, 1.0])}
+    mine = FedALA().personalise(g, state)
+    assert mine["model.layers.1.q.lora_A"].tolist() == [1.0, 4.0]
+    assert torch.equal(mine["model.layers.0.q.lora_A"], g["model.layers.0.q.lora_A"])
+
+
 def test_fedssi_importances_are_non_negative_and_accumulate(tok, task):
     model, cfg = fresh("fedssi", tok)
     g = get_theta(model)

@@ -68,3 +68,14 @@ class FedALA(FedMethod):
 
     def keep(self, theta, state):
         keep_local(theta, state)
+
+    def personalise(self, global_theta, state):
+        """FedALA scores each client's personalised model, as its paper does: the global theta
+        mixed into the client's last local theta with its learned weights (the round-start
+        mix, without learning the weights again), plain global below the ALA layers and
+        before the client has trained."""
+        local = previous_local(state)
+        if not local:
+            return global_theta
+        return {n: local[n] + (g - local[n]) * state[f"ala.{n}"] if f"ala.{n}" in state else g
+                for n, g in global_theta.items()}
