@@ -4,6 +4,7 @@ in its recipe."""
 
 import json
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -103,6 +104,30 @@ def test_needle_documents_fit_a_coarse_tokenizer(world):
         segs = reading_document(world, mix, random.Random(i), haystack_sentences(
             world.train_docs), coarse, [])
         assert segs[0].text.endswith("Answer:") and segs[1].answer
+
+
+def test_needle_documents_ask_every_key_and_chain_their_context_states(world, tok):
+    """``needle_questions`` asks a multi-key haystack for its other keys' values too, and a
+    variable-tracking one for its decoy chain; every answer is in the context."""
+    hay = haystack_sentences(world.train_docs)
+    for kind, most in (("multikey", 4), ("vartrack", 2)):
+        mix = ReadingMix(kinds=((kind, 1.0),), needle_tokens=(200, 260), closed_book_share=0.0,
+                         needle_questions=8)
+        for i in range(4):
+            segs = reading_document(world, mix, random.Random(i), hay, tok, [])
+            answers = [x.text.strip(" .") for x in segs if x.answer]
+            assert len(answers) == most and len(set(answers)) == most, (kind, answers)
+            context = segs[0].text
+            for a in answers:
+                if kind == "multikey":
+                    assert f"is: {a}." in context
+                else:
+                    chain = a.split(", ")
+                    assert all(f"VAR {y} = VAR {x}." in context for x, y in zip(chain, chain[1:]))
+                    assert re.search(rf"VAR {chain[0]} = \d+\.", context)
+        one = replace(mix, needle_questions=1)
+        assert sum(x.answer for x in reading_document(world, one, random.Random(0), hay, tok,
+                                                       [])) == 1
 
 
 def test_closed_book_questions_come_only_from_q_a_entities(world):

@@ -22,6 +22,7 @@ held-out phrasings (:func:`heldout_passage`).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -73,6 +74,10 @@ class ReadingMix:
     # world from the first step, answers are about one loss token in five and reading did
     # not start (row r4, docs/sandbox.md); a weight below 1 gives them more of the gradient.
     world_weight: float = 1.0
+    # Questions a needle document asks (the first its own; then, in a random order, the other
+    # keys' values of a multi-key haystack, the decoy chain of a variable-tracking one):
+    # open-book reading started with 4-8 questions a passage (row r3).
+    needle_questions: int = 1
 
     def __post_init__(self):
         if not 0.0 <= self.share <= 1.0 or not 0.0 <= self.closed_book_share <= 1.0:
@@ -82,6 +87,8 @@ class ReadingMix:
             if bad or not kinds or any(w < 0 for _, w in kinds):
                 raise ValueError(f"reading kinds must be some of {KINDS_OF_READING} with "
                                  f"weights >= 0, not {kinds}")
+        if self.needle_questions < 1:
+            raise ValueError("needle_questions must be >= 1")
         if not self.world_weight > 0.0:
             raise ValueError("world_weight must be > 0")
         if self.max_passages < 2 or not 1 <= self.questions[0] <= self.questions[1]:
@@ -164,12 +171,39 @@ def _needle_doc(task: str, mix: ReadingMix, sentences: list[str], tokenizer,
         try:
             s = generate_niah(task, 1, length, sentences, seed=seed, tokenizer=tokenizer,
                               depths=(depth,))[0]
-            return [Segment(s.prompt, False), Segment(s.target, True)]
+            segs = [Segment(s.prompt, False), Segment(s.target, True)]
+            if mix.needle_questions > 1:
+                more = _needle_questions(s)
+                rng.shuffle(more)
+                for question, answer in more[:mix.needle_questions - 1]:
+                    segs += [Segment(f"\n{question}\nAnswer:", False),
+                             Segment(f" {answer}.", True)]
+            return segs
         except PlasticError:
             # a coarse tokenizer (bpe768) needs more tokens for the needles and question
             length += 32
     raise PlasticError(f"no {task} needle fits in {length} tokens of this tokenizer; raise "
                        "ReadingMix.needle_tokens")
+
+
+def _needle_questions(s) -> list[tuple[str, str]]:
+    """The other questions a needle sample's context answers: each other key's value
+    (multi-key), the decoy chain (variable tracking)."""
+    if s.task == "multikey":
+        pairs = re.findall(r"One of the special magic numbers for (\S+) is: (\d+)\.", s.context)
+        return [(s.question.replace(s.question.split(" for ")[1].split(" mentioned")[0], k), v)
+                for k, v in pairs if v not in s.answers]
+    values = dict(re.findall(r"VAR ([A-Z]{3}) = (\d+)\.", s.context))
+    links = re.findall(r"VAR ([A-Z]{3}) = VAR ([A-Z]{3})\.", s.context)
+    out = []
+    for var, value in values.items():
+        if var in s.answers:
+            continue
+        chain = [var]
+        while nxt := [a for a, b in links if b == chain[-1]]:
+            chain.append(nxt[0])
+        out.append((re.sub(r"the value \d+", f"the value {value}", s.question), ", ".join(chain)))
+    return out
 
 
 def reading_document(world: World, mix: ReadingMix, rng: random.Random, sentences: list[str],
