@@ -123,7 +123,7 @@ def test_every_experiment_row_is_the_base_run_with_its_overrides(experiment, tmp
         assert fcfg.aggregation.rule == "median", v.label
         # a row that sets its own rounds (the lever "3x rounds") scales the base run's
         assert fcfg.train.rounds == dict(v.changes).get("train.rounds", 7), v.label
-        assert fcfg.train.rounds == (21 if v.label == "fednl, 3x rounds" else 7), v.label
+        assert fcfg.train.rounds == (21 if "3x rounds" in v.label else 7), v.label
         assert fcfg.data.max_test == 5, v.label
         assert fcfg.data.source == "sandbox-quick" and fcfg.seed == 1
         assert fcfg.method.window == v.window
