@@ -137,7 +137,7 @@ def test_every_experiment_row_is_the_base_run_with_its_overrides(experiment, tmp
 @pytest.mark.parametrize("setting, choices", [
     ("method.name=fedavgg", ", ".join(FEDERATED_METHODS.names())),
     ("aggregation.rule=meen", ", ".join(AGGREGATORS.names())),
-    ("data.split=nope", "'domain', 'dirichlet', 'niah' or 'openbook'"),
+    ("data.split=nope", "'domain', 'dirichlet', 'niah', 'openbook' or 'iid'"),
     ("memory.mix=x", "'convex' or 'additive'"),
 ])
 def test_a_typo_in_a_choice_is_refused_at_load_with_the_choices(setting, choices):

@@ -7,7 +7,13 @@ import functools
 import torch
 from transformers import AutoTokenizer
 
-from plasticlm.fednl.clients import client_tasks, niah_tasks, openbook_tasks, with_closed_book
+from plasticlm.fednl.clients import (
+    client_tasks,
+    niah_tasks,
+    openbook_tasks,
+    text_tasks,
+    with_closed_book,
+)
 from plasticlm.fednl.config import FedNLConfig
 from plasticlm.fednl.methods import prepare_model
 from plasticlm.fednl.task import ClientTask
@@ -28,6 +34,9 @@ def _tasks(cfg_json: str) -> tuple[ClientTask, ...]:
     if d.split == "openbook":
         tasks = openbook_tasks(source, d.max_train, d.max_test, cfg.seed)
         return tuple(with_closed_book(tasks, source, d.closed_book_share, cfg.seed))
+    if d.split == "iid":
+        return tuple(text_tasks(source, d.num_clients, d.max_train, d.max_test, cfg.seed,
+                                d.text_field, d.lm_window))
     return tuple(client_tasks(source, d.split, d.num_clients, d.alpha, d.max_train, d.max_test,
                               cfg.seed))
 

@@ -15,8 +15,9 @@ from plasticlm.data.corpus import load_haystack, load_text_corpus
 from plasticlm.data.mmlu import load_mmlu
 from plasticlm.data.niah import TASKS, generate_niah, haystack_sentences
 from plasticlm.data.records import MCQuestion
+from plasticlm.data.text_sources import load_documents
 from plasticlm.errors import PlasticError
-from plasticlm.fednl.task import ClientTask, NIAHTask, OpenBookTask
+from plasticlm.fednl.task import ClientTask, LMTask, NIAHTask, OpenBookTask
 from plasticlm.models.specs import is_named_spec
 
 
@@ -58,6 +59,26 @@ def openbook_tasks(world_dir: str | Path, max_train: int | None = None,
         test = [it for it in items if it.entity in held_out]
         tasks.append(OpenBookTask(domain, mapping[domain], _cap(train, max_train, seed),
                                   _cap(test, max_test, seed + 1)))
+    return tasks
+
+
+def text_tasks(path: str | Path, num_clients: int, max_train: int | None = None,
+               max_test: int | None = None, seed: int = 0, field: str = "text",
+               window: int = 128) -> list[LMTask]:
+    """``num_clients`` clients of a user's text file (.txt, .jsonl, .csv), its documents
+    shuffled by ``seed`` and dealt out IID; each client holds out one document in ten (at
+    least one) for its evaluation, and keeps at most ``max_train`` / ``max_test``."""
+    docs = load_documents(path, field)
+    if len(docs) < 2 * num_clients:
+        raise PlasticError(f"{path}: {len(docs)} documents for {num_clients} clients; each "
+                           "needs one to train on and one to be evaluated on")
+    random.Random(seed).shuffle(docs)
+    tasks = []
+    for c in range(num_clients):
+        mine = docs[c::num_clients]
+        n_test = max(1, len(mine) // 10)
+        tasks.append(LMTask(f"client{c}", "text", _cap(mine[n_test:], max_train, seed + c),
+                            _cap(mine[:n_test], max_test, seed + c), window))
     return tasks
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from plasticlm.config import Field, configclass
+from plasticlm.data.text_sources import is_text_source
 from plasticlm.errors import PlasticError
 from plasticlm.fednl.methods.fedala import FedALAConfig
 from plasticlm.fednl.methods.fedprox import FedProxConfig
@@ -24,12 +25,17 @@ class DataConfig:
     """Whose data: the clients' split of a world or an MMLU folder."""
 
     source: str = Field("sandbox", description="'sandbox' (the generated world), a world "
-                        "folder or an MMLU folder (dev/ val/ test/ of CSVs)")
-    split: Literal["domain", "dirichlet", "niah", "openbook"] = Field(
+                        "folder, an MMLU folder (dev/ val/ test/ of CSVs), or a text file "
+                        "of one's own (.txt, .jsonl, .csv: next-token loss, split iid)")
+    split: Literal["domain", "dirichlet", "niah", "openbook", "iid"] = Field(
         "domain", description="domain: 5 clients, one per domain; dirichlet: num_clients "
         "non-IID clients; niah: 7 clients, one NIAH task each; openbook: 5 clients, sandbox "
-        "worlds only")
-    num_clients: int = Field(5, gt=0, description="dirichlet only; domain always has 5")
+        "worlds only; iid: a text file's documents dealt to num_clients clients")
+    num_clients: int = Field(5, gt=0, description="dirichlet and iid; domain always has 5")
+    text_field: str = Field("text", min_length=1, description="iid: the JSONL field or CSV "
+                            "column of the text (JSONL also takes prompt + response)")
+    lm_window: int = Field(128, ge=8, description="iid: tokens a training or evaluation "
+                           "window holds")
     alpha: float = Field(0.5, gt=0, description="Dirichlet concentration")
     max_train: int = Field(96, gt=0, description="training questions per client (cap); also "
                            "the most examples a client's reply is weighted by")
@@ -41,6 +47,14 @@ class DataConfig:
                                      "questions (the short-context skill)")
 
     def __post_init__(self):
+        text = is_text_source(self.source)
+        if text and self.split != "iid":
+            raise PlasticError(f"data.source {self.source} is a text file: its documents are "
+                               "split iid (set data.split=iid)")
+        if self.split == "iid" and not text:
+            raise PlasticError("data.split=iid deals out the documents of a text file (.txt, "
+                               f".jsonl, .csv); {self.source!r} is not one (or does not "
+                               "exist)")
         if self.closed_book_share and self.split not in ("niah", "openbook"):
             raise PlasticError("data.closed_book_share mixes closed-book questions into niah "
                                f"or openbook clients; the {self.split!r} clients are "

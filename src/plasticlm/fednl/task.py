@@ -145,3 +145,72 @@ class OpenBookTask(ClientTask):
     def groups(self) -> list[str]:
         """The entity of each item: an entity's attributes are resampled together."""
         return [it.entity for it in self.test]
+
+
+@dataclass
+class LMTask:
+    """A client of a user's own text (:mod:`plasticlm.data.text_sources`): trains on
+    next-token loss over windows of its documents, and is evaluated by next-token accuracy on
+    windows of documents it never trained on (a share in [0, 1] per window)."""
+
+    name: str
+    domain: str
+    train: list[str] = field(repr=False)
+    test: list[str] = field(repr=False)
+    window: int = 128
+
+    def pairs(self) -> list[str]:
+        """The training documents (what the client's reply is weighted by)."""
+        return self.train
+
+    def _windows(self, tokenizer, docs: list[str]) -> list[list[int]]:
+        """``window + 1`` token runs of the documents, each document after BOS (EOS between
+        them), packed and cut; a last short run is kept when it is all there is."""
+        stream: list[int] = []
+        bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+        for d in docs:
+            ids = tokenizer(d, add_special_tokens=False)["input_ids"]
+            stream += ([bos] if bos is not None else []) + ids + ([eos] if eos is not None else [])
+        n = self.window + 1
+        runs = [stream[i:i + n] for i in range(0, max(1, len(stream) - n + 1), n)]
+        return [r for r in runs if len(r) >= 2]
+
+    def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
+        """``steps`` batches of (input_ids [B, T], labels [B, T]): random windows, every
+        token's next token in the loss (labels = ids; the model shifts them)."""
+        runs = self._windows(tokenizer, self.train)
+        rng = random.Random(seed)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        for _ in range(steps):
+            chosen = [runs[rng.randrange(len(runs))] for _ in range(batch_size)]
+            length = max(map(len, chosen))
+            ids = torch.full((batch_size, length), pad)
+            labels = torch.full((batch_size, length), -100)
+            for i, r in enumerate(chosen):
+                ids[i, : len(r)] = torch.tensor(r)
+                labels[i, : len(r)] = torch.tensor(r)
+            yield ids, labels
+
+    @torch.no_grad()
+    def correct(self, model, tokenizer) -> list[float]:
+        """Per held-out window (each test document cut on its own), the share of its next
+        tokens the model's top choice gets right; :meth:`groups` then names each window's
+        document."""
+        device = next(model.parameters()).device
+        out, self._groups = [], []
+        for d, doc in enumerate(self.test):
+            for run in self._windows(tokenizer, [doc]):
+                ids = torch.tensor([run], device=device)
+                pred = model(input_ids=ids[:, :-1]).logits.argmax(-1)
+                out.append(float((pred == ids[:, 1:]).float().mean()))
+                self._groups.append(f"{self.name}/doc{d}")
+        return out
+
+    def groups(self) -> list[str]:
+        """The document of each window :meth:`correct` last scored (resampled together)."""
+        return list(getattr(self, "_groups", []))
+
+    def accuracy(self, model, tokenizer) -> float:
+        """Mean of :meth:`correct`."""
+        scores = self.correct(model, tokenizer)
+        return sum(scores) / len(scores)
