@@ -46,7 +46,7 @@ def test_tokenizer_round_trips_real_text():
 
 def test_missing_model_offline_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(PlasticError, match="local path") as e:
+    with pytest.raises(PlasticError, match="not in the local Hugging Face cache, and the hub is off") as e:
         load_causal_lm("no-such-org/no-such-model-xyz")
     assert "no-such-model-xyz" in str(e.value)
 
