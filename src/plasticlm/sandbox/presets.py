@@ -123,7 +123,9 @@ PRESETS: dict[str, Preset] = {
     # weighs 0.25 in the loss against an answer token's 1 (at weight 1 the answers were one
     # loss token in five and reading never started); a 16-layer receiver, trained last.
     # Chosen by the experiments in docs/sandbox.md ("Sandbox v3", row r7: at 4 x 128 and
-    # 3,000 steps core MC 72.9%, open-book 87.5%, where r5's curriculum had 25.0% / 55.0%).
+    # 3,000 steps core MC 72.9%, open-book 87.5%, where r5's curriculum had 25.0% / 55.0%;
+    # with seed 1, r10, MC 60.4% but open-book 38.8%: the reading's onset varies by seed; at
+    # 16 x 96, r8, open-book 91.2%, MC 43.3%).
     "sandbox-v3": Preset(
         "sandbox-v3", WorldConfig(seed=0),
         (TokenizerSpec("bpe1024", 1024, "train"), TokenizerSpec("bpe768", 768, "mixed")),
