@@ -58,7 +58,7 @@ def main() -> None:
         f"fednl, preset (memory on layer {cfg.memory.layers}, r{r}, no conv)":
             (cfg.method, cfg.memory),
         f"fednl, memory on every layer (r{r}, conv 4)":
-            (cfg.method, dataclasses.replace(cfg.memory, layers="all", conv=4)),
+            (cfg.method, dataclasses.replace(cfg.memory, layers="all", conv_size=4)),
         f"fedavg LoRA r{r} on q/k/v of every layer (same rank)":
             (MethodConfig(name="fedavg", lora_rank=r, window=cfg.method.window),
              MemoryOptions()),
