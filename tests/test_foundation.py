@@ -215,7 +215,7 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
     page = tmp_path / "demo" / "report" / "index.html"
     assert f"report: {page}" in out and out.rindex("report:") > out.rindex("| SCoL |")
     html = page.read_text()
-    for part in ("<h3>Sandbox</h3>", "<h3>Memory</h3>", "<h3>Fednl</h3>", "refine", "<h3>Scol</h3>",
+    for part in ("<h3>Sandbox</h3>", "<h3>Memory</h3>", "<h3>FedNL</h3>", "refine", "<h3>SCoL</h3>",
                  "cpu seconds"):
         assert part in html, part
     assert html.count("data:image/png;base64,") == 3   # one figure per method
@@ -225,7 +225,7 @@ def test_demo_quick_runs_to_a_result(tmp_path, capsys):
         assert counts["errors"] == 0, counts
         assert counts["overflowing"] == 0, counts["overflow-what"]
     # the stages' tables in the order they ran, not alphabetical
-    order = [html.index(f"<h3>{t}</h3>") for t in ("Sandbox", "Memory", "Fednl", "Scol")]
+    order = [html.index(f"<h3>{t}</h3>") for t in ("Sandbox", "Memory", "FedNL", "SCoL")]
     assert order == sorted(order)
 
 
