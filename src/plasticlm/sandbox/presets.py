@@ -121,11 +121,12 @@ PRESETS: dict[str, Preset] = {
     # about 410 tokens), from the first step: half the documents are reading documents with
     # 4-8 questions a passage and the loss on the answers only, and each world-corpus token
     # weighs 0.25 in the loss against an answer token's 1 (at weight 1 the answers were one
-    # loss token in five and reading never started); a 16-layer receiver, trained last.
-    # Chosen by the experiments in docs/sandbox.md ("Sandbox v3", row r7: at 4 x 128 and
-    # 3,000 steps core MC 72.9%, open-book 87.5%, where r5's curriculum had 25.0% / 55.0%;
-    # with seed 1, r10, MC 60.4% but open-book 38.8%: the reading's onset varies by seed; at
-    # 16 x 96, r8, open-book 91.2%, MC 43.3%).
+    # loss token in five and reading had not started by 1,500 steps, row r4); a 16-layer
+    # receiver, trained last. Chosen by the experiments in docs/sandbox.md ("Sandbox v3",
+    # row r7: at 4 x 128 and 3,000 steps core MC 72.9%, open-book 87.5%, where r5's
+    # curriculum had 25.0% / 55.0%; seeds 1 and 2, r10 and r12: MC 60.4% / 55.4%, open-book
+    # 38.8% / 47.5%, the reading's onset varies by seed; 16 x 96, r8: open-book 91.2%,
+    # MC 43.3%).
     "sandbox-v3": Preset(
         "sandbox-v3", WorldConfig(seed=0),
         (TokenizerSpec("bpe1024", 1024, "train"), TokenizerSpec("bpe768", 768, "mixed")),
