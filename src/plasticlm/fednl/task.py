@@ -158,10 +158,17 @@ class LMTask:
     train: list[str] = field(repr=False)
     test: list[str] = field(repr=False)
     window: int = 128
+    # training windows per tokenizer: each round would otherwise tokenize the documents again
+    _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def pairs(self) -> list[str]:
         """The training documents (what the client's reply is weighted by)."""
         return self.train
+
+    def _train_windows(self, tokenizer) -> list[list[int]]:
+        if id(tokenizer) not in self._runs:
+            self._runs[id(tokenizer)] = self._windows(tokenizer, self.train)
+        return self._runs[id(tokenizer)]
 
     def _windows(self, tokenizer, docs: list[str]) -> list[list[int]]:
         """``window + 1`` token runs of the documents, each document after BOS (EOS between
@@ -178,7 +185,7 @@ class LMTask:
     def batches(self, tokenizer, steps: int, batch_size: int, seed: int):
         """``steps`` batches of (input_ids [B, T], labels [B, T]): random windows, every
         token's next token in the loss (labels = ids; the model shifts them)."""
-        runs = self._windows(tokenizer, self.train)
+        runs = self._train_windows(tokenizer)
         rng = random.Random(seed)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         for _ in range(steps):
